@@ -1,0 +1,37 @@
+# fedlnl — two commands on a fresh machine: `make run` (install + quickstart sweep), `make test`.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+# Torch builds that lie on this project's machines' disks (x86_64: CUDA build, runs on CPU too).
+ifeq ($(shell uname -m),aarch64)
+TORCH  ?= torch==2.9.1 torchvision==0.24.1
+else
+TORCH  ?= torch==2.14.1 torchvision==0.29.1
+endif
+PYTEST_ARGS ?= -q -n 2
+
+.PHONY: install run test bench clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q $(TORCH)
+	$(PY) -m pip install -q -e '.[test,launchers]'
+	touch $(STAMP)
+
+# The quickstart: every method x noise {(0,0), (0.6,0.5)} x 2 seeds on the offline digits dataset,
+# then the report. Re-running skips the cells already complete.
+run: $(STAMP)
+	$(VENV)/bin/fedlnl-run -m experiment=quickstart
+	$(VENV)/bin/fedlnl-report results/sweeps/quickstart
+
+test: $(STAMP)
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+bench: $(STAMP)
+	$(PY) benchmarks/speed.py
+
+clean:
+	rm -rf results/runs results/multirun results/sweeps

@@ -1,0 +1,119 @@
+"""Speed of the runner's local-training path against two baselines, measured in one process.
+
+One client epoch of LeNet-5 on 500 random 3x32x32 images, batch 10, SGD momentum 0.5:
+  runner   fedlnl.methods.engine.local_train on uint8 tensors with batched crop+flip augmentation
+  bare     a bare SGD step loop over pre-normalised, pre-batched float tensors (no augmentation)
+  loader   torchvision per-sample PIL transforms (RandomCrop 32 pad 4, flip, ToTensor, Normalize)
+           through a DataLoader (num_workers=0), the reference codes' data path
+Prints the median of several repeats and the ratios runner/bare and loader/runner.
+Usage: python benchmarks/speed.py [--repeats 5] [--samples 500] [--threads N]
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from PIL import Image
+from torch.utils.data import DataLoader, Dataset
+from torchvision import transforms
+
+from fedlnl.methods import engine
+from fedlnl.models.lenet import LeNet
+
+MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+
+
+class PILDataset(Dataset):
+    def __init__(self, images: np.ndarray, labels: np.ndarray, transform):
+        self.images = [Image.fromarray(im) for im in images]  # HWC uint8, as torchvision CIFAR
+        self.labels, self.transform = labels, transform
+
+    def __len__(self):
+        return len(self.labels)
+
+    def __getitem__(self, i):
+        return self.transform(self.images[i]), int(self.labels[i])
+
+
+def new_model():
+    torch.manual_seed(0)
+    return LeNet(10, (3, 32, 32))
+
+
+def time_runner(x_u8, y, bs):
+    model = new_model()
+    data = engine.TensorData.build(x_u8, MEAN, STD, {"crop": 32, "pad": 4, "flip": True}, "cpu")
+    idx = torch.arange(len(y))
+    t = time.perf_counter()
+    engine.local_train(model, data, idx, y, epochs=1, batch_size=bs, lr=0.01, momentum=0.5,
+                       gen=torch.Generator().manual_seed(0))
+    return time.perf_counter() - t
+
+
+def time_bare(x_u8, y, bs):
+    model = new_model()
+    mean = torch.tensor(MEAN).view(1, 3, 1, 1)
+    std = torch.tensor(STD).view(1, 3, 1, 1)
+    xs = ((x_u8.float() / 255 - mean) / std).split(bs)
+    ys = y.split(bs)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.5)
+    t = time.perf_counter()
+    for xb, yb in zip(xs, ys):
+        loss = F.cross_entropy(model(xb), yb)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return time.perf_counter() - t
+
+
+def time_loader(x_u8, y, bs):
+    model = new_model()
+    tf = transforms.Compose([transforms.RandomCrop(32, padding=4), transforms.RandomHorizontalFlip(),
+                             transforms.ToTensor(), transforms.Normalize(MEAN, STD)])
+    ds = PILDataset(x_u8.permute(0, 2, 3, 1).numpy(), y.numpy(), tf)
+    loader = DataLoader(ds, batch_size=bs, shuffle=True, num_workers=0,
+                        generator=torch.Generator().manual_seed(0))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.5)
+    t = time.perf_counter()
+    for xb, yb in loader:
+        loss = F.cross_entropy(model(xb), yb)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return time.perf_counter() - t
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--samples", type=int, default=500)
+    ap.add_argument("--batch-size", type=int, default=10)
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = leave as is)")
+    args = ap.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(0, 256, (args.samples, 3, 32, 32), dtype=torch.uint8, generator=g)
+    y = torch.randint(0, 10, (args.samples,), generator=g)
+    timers = {"runner": time_runner, "bare": time_bare, "loader": time_loader}
+    for fn in timers.values():  # warm-up
+        fn(x[:50], y[:50], args.batch_size)
+    times = {name: [] for name in timers}
+    for _ in range(args.repeats):  # interleaved, so drift hits every path alike
+        for name, fn in timers.items():
+            times[name].append(fn(x, y, args.batch_size))
+    med = {k: statistics.median(v) for k, v in times.items()}
+    print(f"one client epoch: LeNet-5, {args.samples} samples 3x32x32, batch {args.batch_size}, "
+          f"{torch.get_num_threads()} threads, median of {args.repeats}")
+    for name in timers:
+        print(f"  {name:7s} {med[name] * 1000:8.1f} ms")
+    print(f"  runner / bare   = {med['runner'] / med['bare']:.2f}x  (overhead of the runner's path)")
+    print(f"  loader / runner = {med['loader'] / med['runner']:.2f}x  (speed-up over a per-sample DataLoader)")
+
+
+if __name__ == "__main__":
+    main()

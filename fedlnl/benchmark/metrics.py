@@ -1,0 +1,92 @@
+"""Run metrics: best / last-k accuracy, communication cost to a target, noise-detection scores.
+
+Semantics follow the papers (methods.md §14): best accuracy is the maximum over all evaluations of
+the global model on the full clean test set; total communication cost counts client participations
+(FedCorr appendix B); the cost to ζ is the cumulative cost at the first evaluation reaching ζ
+(FedCorr appendix C.3), or None when never reached.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+
+def accuracy_summary(rows: list[dict], last_k: int = 10) -> dict:
+    accs = [r["acc"] for r in rows if r.get("acc") is not None and math.isfinite(r["acc"])]
+    if not accs:
+        return {"best_acc": None, "final_acc": None, f"last{last_k}_acc": None}
+    return {
+        "best_acc": max(accs),
+        "final_acc": accs[-1],
+        f"last{last_k}_acc": float(np.mean(accs[-last_k:])),
+    }
+
+
+def cost_to_target(rows: list[dict], targets: list[float]) -> dict[str, int | None]:
+    """{str(ζ): lowest cumulative communication cost whose evaluation reached accuracy ≥ ζ}."""
+    out: dict[str, int | None] = {}
+    for zeta in targets:
+        hit = next((r["comm_cost"] for r in rows if r.get("acc") is not None and r["acc"] >= zeta), None)
+        out[str(float(zeta))] = hit
+    return out
+
+
+def binary_scores(pred: np.ndarray, truth: np.ndarray, prefix: str) -> dict[str, float]:
+    """Precision, recall and F1 of boolean predictions (positive = noisy). Empty denominators
+    give nan so a run with nothing flagged is not mistaken for a perfect one."""
+    pred, truth = np.asarray(pred, bool), np.asarray(truth, bool)
+    tp = float(np.sum(pred & truth))
+    p = tp / pred.sum() if pred.sum() else float("nan")
+    r = tp / truth.sum() if truth.sum() else float("nan")
+    f1 = 2 * p * r / (p + r) if p + r > 0 else float("nan")
+    return {f"{prefix}_precision": p, f"{prefix}_recall": r, f"{prefix}_f1": f1}
+
+
+class OracleScorer:
+    """Scores a method's noise decisions against the oracle; only the runner holds one."""
+
+    def __init__(self, oracle, client_indices, labels: torch.Tensor):
+        self.oracle = oracle
+        self.client_indices = client_indices
+        self.labels = labels  # the run's observed labels (mutated by relabels)
+        self.num_relabels = 0
+        self.num_correct_relabels = 0
+        self.latest: dict[str, float] = {}
+
+    # --- decisions reported by methods through the round context
+    def relabel(self, idx: torch.Tensor, new: torch.Tensor) -> None:
+        """Apply label corrections and count how many now equal the clean label."""
+        idx = idx.to(self.labels.device).long()
+        new = new.to(self.labels.device).long()
+        changed = self.labels[idx] != new
+        idx, new = idx[changed], new[changed]
+        clean = self.oracle.clean_labels.to(self.labels.device)[idx]
+        self.num_relabels += int(idx.numel())
+        self.num_correct_relabels += int((clean == new).sum())
+        self.labels[idx] = new
+        self._label_scores()
+
+    def clients(self, is_noisy: dict[int, bool] | None = None, mu_hat: dict[int, float] | None = None):
+        """Client-level decisions: flagged noisy clients and estimated noise levels μ̂_k."""
+        if is_noisy:
+            ks = sorted(is_noisy)
+            pred = np.array([is_noisy[k] for k in ks])
+            self.latest.update(binary_scores(pred, self.oracle.noisy_client[ks], "client"))
+        if mu_hat:
+            ks = sorted(mu_hat)
+            est = np.array([mu_hat[k] for k in ks], dtype=float)
+            self.latest["mu_mae"] = float(np.mean(np.abs(est - self.oracle.realized_rate[ks])))
+
+    def samples(self, idx: torch.Tensor, flagged: torch.Tensor) -> None:
+        """Sample-level decisions on the given global indices (flagged = believed noisy)."""
+        truth = self.oracle.noisy_mask.to(flagged.device)[idx.long()]
+        self.latest.update(binary_scores(flagged.cpu().numpy(), truth.cpu().numpy(), "sample"))
+
+    def _label_scores(self) -> None:
+        clean = self.oracle.clean_labels.to(self.labels.device)
+        self.latest["noise_after_correction"] = float((self.labels != clean).float().mean())
+        self.latest["relabels"] = float(self.num_relabels)
+        if self.num_relabels:
+            self.latest["relabel_acc"] = self.num_correct_relabels / self.num_relabels

@@ -1,0 +1,293 @@
+"""``fedlnl-run``: one federated run (or, with ``-m``, a Hydra sweep of runs).
+
+Data flow: compose config → validate → build (or reuse) the federation → instantiate model and
+method → loop rounds (sample, local updates, relabels scored against the oracle, aggregate,
+evaluate, log, checkpoint) → ``summary.json``. The method never sees the oracle or the test set.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import hydra
+import numpy as np
+import torch
+from hydra.core.hydra_config import HydraConfig
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+from tqdm import tqdm
+
+from fedlnl.benchmark import resolvers  # noqa: F401  (registers ${fidelity:...})
+from fedlnl.benchmark.logging import JsonlSink, Sinks, WandbSink, write_json_atomic
+from fedlnl.benchmark.metrics import OracleScorer, accuracy_summary, cost_to_target
+from fedlnl.benchmark.validate import ConfigError, validate
+from fedlnl.datasets.federation import build_federation, federation_stats
+from fedlnl.methods import engine
+from fedlnl.methods.protocol import ALL_CLIENTS, ClientView, FederationInfo, RoundContext
+
+log = logging.getLogger("fedlnl")
+
+#: config keys that do not change a run's numbers (left out of the config hash)
+NON_RESULT_KEYS = ("logger", "name", "checkpoint_every", "skip_complete", "device", "hydra")
+
+
+def config_hash(cfg: dict) -> str:
+    kept = {k: v for k, v in cfg.items() if k not in NON_RESULT_KEYS}
+    return hashlib.blake2b(json.dumps(kept, sort_keys=True, default=str).encode(), digest_size=8).hexdigest()
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigError(f"device={name!r} is invalid: no CUDA device is available (use auto or cpu)")
+    return torch.device(name)
+
+
+def git_commit() -> str | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent,
+                             capture_output=True, text=True, timeout=5)
+        return out.stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def setting_of(cfg: DictConfig) -> dict:
+    """The keys a report groups by (noise and partition settings)."""
+    part = cfg.partition
+    return {
+        "dataset": cfg.dataset.name, "noise": cfg.noise.get("kind"), "rho": cfg.noise.get("rho"),
+        "tau": cfg.noise.get("tau"), "partition": part.get("kind"),
+        "p": part.get("p") if part.get("kind") == "noniid" else None,
+        "alpha": part.get("alpha") if part.get("kind") == "noniid" else None,
+        "num_clients": cfg.fl.num_clients, "fidelity": cfg.fidelity,
+    }
+
+
+class Runner:
+    """Owns the loop; a method only sees client views and the round context."""
+
+    def __init__(self, cfg: DictConfig, run_dir: Path, method_name: str, group: str):
+        self.cfg, self.run_dir, self.method_name, self.group = cfg, Path(run_dir), method_name, group
+        self.resolved = OmegaConf.to_container(cfg, resolve=True)
+        self.hash = config_hash(self.resolved)
+
+    # ------------------------------------------------------------------ setup
+    def prepare(self) -> None:
+        cfg = self.cfg
+        validate(cfg)
+        self.device = resolve_device(str(cfg.device))
+        self.fed = build_federation(cfg.dataset, cfg.partition, cfg.noise, cfg.fl.num_clients, cfg.seed)
+        validate(cfg, num_train=int(self.fed.source.x_train.shape[0]))
+        src = self.fed.source
+        self.train = engine.TensorData.build(src.x_train, src.mean, src.std, src.augment, self.device)
+        self.test = engine.TensorData.build(src.x_test, src.mean, src.std, None, self.device)
+        self.test_labels = src.y_test.to(self.device)
+        self.labels = self.fed.labels.clone().to(self.device)  # observed labels; relabels land here
+        self.client_idx = [torch.tensor(ix, dtype=torch.long, device=self.device)
+                           for ix in self.fed.client_indices]
+        self.scorer = OracleScorer(self.fed.oracle, self.fed.client_indices, self.labels)
+        self.info = FederationInfo(self.fed.num_clients, self.fed.num_classes, self.fed.client_sizes,
+                                   tuple(src.x_train.shape[1:]), int(cfg.seed))
+        with torch.random.fork_rng(devices=[]):  # model init from the run seed, not global state
+            torch.manual_seed(int(cfg.seed))
+            self.model = instantiate(cfg.model, num_classes=self.info.num_classes,
+                                     input_shape=self.info.input_shape).to(self.device)
+        self.method = instantiate(cfg.method)
+        self.total = int(self.method.total_rounds(self.info))
+
+    def view(self, k: int) -> ClientView:
+        idx = torch.arange(self.labels.numel(), device=self.device) if k == ALL_CLIENTS else self.client_idx[k]
+        return ClientView(k, idx, self.labels[idx].clone(), self.train)
+
+    def context(self, rnd: int) -> RoundContext:
+        return RoundContext(
+            round=rnd, total_rounds=self.total, seed=int(self.cfg.seed), device=self.device,
+            num_clients=self.info.num_clients, client_sizes=self.info.client_sizes,
+            data=self.train, views=self.view, relabel=self.scorer.relabel,
+            report_clients=self.scorer.clients, report_samples=self.scorer.samples,
+        )
+
+    # ------------------------------------------------------------------ checkpoints
+    def _ckpt_path(self) -> Path:
+        return self.run_dir / "checkpoint.pt"
+
+    def save_checkpoint(self, state, rnd: int) -> None:
+        tmp = self.run_dir / ".checkpoint.pt.tmp"
+        torch.save({"config_hash": self.hash, "round": rnd, "state": state, "labels": self.labels,
+                    "scorer": (self.scorer.num_relabels, self.scorer.num_correct_relabels, self.scorer.latest),
+                    "rows": self.rows, "comm": self.comm, "bytes": self.bytes_up,
+                    "elapsed": time.time() - self.t0}, tmp)
+        tmp.replace(self._ckpt_path())
+
+    def load_checkpoint(self):
+        path = self._ckpt_path()
+        if not path.exists():
+            return None
+        ck = torch.load(path, map_location=self.device, weights_only=False)
+        if ck["config_hash"] != self.hash:
+            log.warning("checkpoint in %s is for another config; starting over", self.run_dir)
+            return None
+        self.labels.copy_(ck["labels"])
+        self.scorer.num_relabels, self.scorer.num_correct_relabels, self.scorer.latest = ck["scorer"]
+        self.rows, self.comm, self.bytes_up = ck["rows"], ck["comm"], ck["bytes"]
+        self.t0 -= ck["elapsed"]
+        log.info("resuming from round %d of %d (%s)", ck["round"] + 1, self.total, path)
+        return ck["state"], ck["round"] + 1
+
+    # ------------------------------------------------------------------ the loop
+    def run(self) -> dict:
+        self.t0 = time.time()
+        self.rows, self.comm, self.bytes_up = [], 0, 0
+        state, start = None, 0
+        resumed = self.load_checkpoint()
+        if resumed:
+            state, start = resumed
+        else:
+            state = self.method.init(self.model, self.info, self.context(0))
+        sinks = self.open_sinks(append=resumed is not None)
+        status = "complete"
+        every = int(self.cfg.fl.eval_every)
+        ck_every = int(self.cfg.checkpoint_every or 0)
+        bar = tqdm(range(start, self.total), desc=f"{self.method_name} s{self.cfg.seed}", unit="rnd",
+                   dynamic_ncols=True, disable=None, leave=False)
+        try:
+            for rnd in bar:
+                ctx = self.context(rnd)
+                ids = self.method.sample_clients(state, ctx)
+                updates = [self.method.client_update(state, self.view(k), ctx) for k in ids]
+                self.comm += sum(1 for k in ids if k != ALL_CLIENTS)
+                self.bytes_up += sum(engine.payload_bytes(u.weights) + engine.payload_bytes(u.payload)
+                                     for u in updates)
+                state, agg = self.method.aggregate(state, updates, ctx)
+                losses = [u.train_loss for u in updates]
+                diverged = any(not math.isfinite(x) for x in losses)
+                if diverged or (rnd + 1) % every == 0 or rnd + 1 == self.total:
+                    row = self.evaluate(state, rnd, losses, agg)
+                    sinks.log(row)
+                    bar.set_postfix(acc=f"{row['acc']:.3f}" if row["acc"] is not None else "nan")
+                    if diverged or row["acc"] is None or not math.isfinite(row["loss"] or float("nan")):
+                        status = "diverged"
+                        log.warning("run diverged at round %d (non-finite loss)", rnd + 1)
+                        break
+                if not sys.stderr.isatty() and (rnd + 1) % max(self.total // 10, 1) == 0:
+                    log.info("round %d/%d acc=%s", rnd + 1, self.total, self.rows[-1]["acc"] if self.rows else None)
+                if ck_every and (rnd + 1) % ck_every == 0 and rnd + 1 < self.total:
+                    self.save_checkpoint(state, rnd)
+        except BaseException:
+            self.finish("failed", sinks)
+            raise
+        finally:
+            bar.close()
+        return self.finish(status, sinks)
+
+    @torch.no_grad()
+    def evaluate(self, state, rnd: int, losses: list[float], agg: dict) -> dict:
+        model = self.method.eval_model(state)
+        acc, loss = engine.evaluate(model, self.test, self.test_labels, int(self.cfg.fl.eval_batch_size))
+        finite = [x for x in losses if math.isfinite(x)]
+        row = {
+            "round": rnd + 1, "acc": acc if math.isfinite(loss) else None, "loss": loss,
+            "comm_cost": self.comm, "bytes_up": self.bytes_up,
+            "train_loss": float(np.mean(finite)) if finite and len(finite) == len(losses) else float("nan"),
+            "time_s": time.time() - self.t0,
+        }
+        row.update({k: v for k, v in agg.items()})
+        row.update(self.scorer.latest)
+        self.rows.append(row)
+        return row
+
+    def open_sinks(self, append: bool) -> Sinks:
+        sinks = [JsonlSink(self.run_dir / "metrics.jsonl", append=False)]
+        if append:  # rewrite the rows up to the checkpoint, dropping any after it
+            for row in self.rows:
+                sinks[0].log(row)
+        lg = self.cfg.logger
+        if lg.kind == "wandb":
+            s = setting_of(self.cfg)
+            tags = [self.method_name, s["dataset"], f"rho={s['rho']}", f"tau={s['tau']}", str(s["partition"])]
+            sinks.append(WandbSink(self.resolved, self.run_dir, name=f"{self.method_name}-s{self.cfg.seed}-{self.hash}",
+                                   group=self.group, tags=tags, mode=lg.mode, project=lg.project,
+                                   entity=lg.get("entity")))
+        return Sinks(sinks)
+
+    def finish(self, status: str, sinks: Sinks) -> dict:
+        summary = {
+            "status": status, "method": self.method_name, "dataset": str(self.cfg.dataset.name),
+            "model": HydraConfig.get().runtime.choices.get("model") if HydraConfig.initialized() else None,
+            "seed": int(self.cfg.seed), **accuracy_summary(self.rows),
+            "comm_cost": self.comm, "cost_to_target": cost_to_target(self.rows, list(self.cfg.targets)),
+            "bytes_up": self.bytes_up, "rounds_run": self.rows[-1]["round"] if self.rows else 0,
+            "total_rounds": self.total, "wall_time_s": time.time() - self.t0,
+            "federation_hash": self.fed.hash, "federation": federation_stats(self.fed),
+            "detection": dict(self.scorer.latest), "git_commit": git_commit(),
+            "setting": setting_of(self.cfg), "config": self.resolved, "config_hash": self.hash,
+            "device": str(self.device),
+        }
+        sinks.summary(summary)
+        sinks.close()
+        write_json_atomic(self.run_dir / "summary.json", summary)
+        if status == "complete" and self._ckpt_path().exists():
+            self._ckpt_path().unlink()
+        return summary
+
+
+def completed(run_dir: Path, cfg_hash: str) -> dict | None:
+    """The summary in ``run_dir`` if it is complete for this config (a sweep cell to skip)."""
+    path = Path(run_dir) / "summary.json"
+    try:
+        summary = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return summary if summary.get("status") == "complete" and summary.get("config_hash") == cfg_hash else None
+
+
+def run(cfg: DictConfig, run_dir: Path, method_name: str, group: str = "single") -> dict:
+    runner = Runner(cfg, run_dir, method_name, group)
+    if cfg.get("skip_complete", True):
+        done = completed(run_dir, runner.hash)
+        if done:
+            log.info("skipping %s: complete summary for this config exists", run_dir)
+            return done
+    runner.prepare()  # validation and data: raises before anything is written
+    Path(run_dir).mkdir(parents=True, exist_ok=True)
+    summary = runner.run()
+    log.info("%s seed %s: best acc %.4f, final %.4f, comm cost %d, %.1fs -> %s", method_name, cfg.seed,
+             summary["best_acc"] or float("nan"), summary["final_acc"] or float("nan"),
+             summary["comm_cost"], summary["wall_time_s"], run_dir)
+    return summary
+
+
+def _remove_if_only_hydra_files(run_dir: Path) -> None:
+    """Hydra creates the job directory before the task runs; a rejected config leaves nothing."""
+    if run_dir.is_dir() and all(p.name == ".hydra" or p.suffix == ".log" for p in run_dir.iterdir()):
+        shutil.rmtree(run_dir, ignore_errors=True)
+
+
+@hydra.main(version_base=None, config_path="../conf", config_name="config")
+def _hydra_main(cfg: DictConfig) -> float | None:
+    hc = HydraConfig.get()
+    group = Path(hc.sweep.dir).name if hc.mode.name == "MULTIRUN" else "single"
+    try:
+        summary = run(cfg, Path(hc.runtime.output_dir), hc.runtime.choices.method, group=f"{cfg.name}/{group}")
+    except ConfigError as err:
+        _remove_if_only_hydra_files(Path(hc.runtime.output_dir))
+        print(f"fedlnl-run: error: {err}", file=sys.stderr)
+        sys.exit(2)
+    return summary.get("best_acc")
+
+
+def main() -> None:
+    _hydra_main()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,191 @@
+"""A Federation: in-memory data, client partition, noisy labels, oracle and content hash."""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field, replace
+from typing import Any, Mapping
+
+import numpy as np
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+
+@dataclass
+class Source:
+    """A dataset loaded once into memory (images as uint8 NCHW, labels int64)."""
+
+    name: str
+    x_train: torch.Tensor  # uint8 [n, C, H, W]
+    y_train: torch.Tensor  # int64 [n] clean (or, for real-noise datasets, the given noisy) labels
+    x_test: torch.Tensor  # uint8 [m, C, H, W]
+    y_test: torch.Tensor  # int64 [m] clean test labels
+    num_classes: int
+    mean: tuple[float, ...]  # per-channel normalisation, in [0, 1] pixel units
+    std: tuple[float, ...]
+    augment: dict | None = None  # e.g. {"crop": 32, "pad": 4, "flip": True}; None = no augmentation
+    classes: tuple[str, ...] = ()
+    #: for datasets with real label noise (CIFAR-10N, Clothing1M): the clean training labels where
+    #: known (else None); y_train then holds the noisy labels and synthetic noise is not applied.
+    y_train_clean: torch.Tensor | None = None
+
+
+@dataclass
+class Oracle:
+    """Ground truth the runner uses to score methods. Never handed to a method."""
+
+    clean_labels: torch.Tensor  # int64 [n_train]
+    mu: np.ndarray  # float [N] sampled noise level per client (0 for clean clients)
+    noisy_client: np.ndarray  # bool [N] client was chosen as noisy (gamma_k = 1)
+    noisy_mask: torch.Tensor  # bool [n_train] observed label != clean label
+    realized_rate: np.ndarray  # float [N] share of the client's samples whose label is wrong
+
+
+@dataclass
+class Federation:
+    source: Source
+    client_indices: list[np.ndarray]  # per client, sorted int64 global training indices
+    labels: torch.Tensor  # int64 [n_train] observed (noisy) training labels
+    oracle: Oracle
+    hash: str  # content hash of (data identity, partition, labels)
+    meta: dict = field(default_factory=dict)  # partition / noise settings, for the summary
+
+    @property
+    def num_clients(self) -> int:
+        return len(self.client_indices)
+
+    @property
+    def num_classes(self) -> int:
+        return self.source.num_classes
+
+    @property
+    def client_sizes(self) -> tuple[int, ...]:
+        return tuple(int(len(ix)) for ix in self.client_indices)
+
+
+# ---------------------------------------------------------------------------------------------
+# building a federation: source -> partition -> noise -> hash
+
+#: in-process memos, so a sweep in one process loads each dataset / builds each federation once
+_SOURCES: dict[str, Source] = {}
+_FEDERATIONS: dict[str, Federation] = {}
+_MAX_FEDERATIONS = 64
+
+
+def build_federation(
+    dataset_cfg: Mapping[str, Any],
+    partition_cfg: Mapping[str, Any],
+    noise_cfg: Mapping[str, Any],
+    num_clients: int,
+    seed: int,
+) -> Federation:
+    """The federation of (dataset, partition, noise, num_clients, seed); memoised in-process.
+
+    The partition uses ``np.random.default_rng([seed, 1])`` and the noise ``default_rng([seed, 2])``:
+    two independent streams, as the reference re-seeds before each step (methods.md §1.5). Each
+    call returns its own copy of ``labels`` so a runner may relabel in place.
+    """
+    part, noise = _plain(partition_cfg), _plain(noise_cfg)
+    key = json.dumps([_plain(dataset_cfg), part, noise, int(num_clients), int(seed)], sort_keys=True)
+    if key not in _FEDERATIONS:
+        if len(_FEDERATIONS) >= _MAX_FEDERATIONS:
+            _FEDERATIONS.pop(next(iter(_FEDERATIONS)))
+        _FEDERATIONS[key] = _build(load_source(dataset_cfg), part, noise, int(num_clients), int(seed))
+    fed = _FEDERATIONS[key]
+    return replace(fed, client_indices=list(fed.client_indices), labels=fed.labels.clone())
+
+
+def load_source(dataset_cfg: Mapping[str, Any]) -> Source:
+    """Call the dataset config's ``_target_`` loader (other keys as kwargs) once per resolved config.
+
+    The target is located with Hydra but called directly, so a loader's own error (e.g.
+    ``DatasetUnavailable``) reaches the user unwrapped.
+    """
+    from hydra.utils import get_method
+
+    plain = _plain(dataset_cfg)
+    key = json.dumps(plain, sort_keys=True)
+    if key not in _SOURCES:
+        kwargs = dict(plain)
+        target = kwargs.pop("_target_")
+        source = get_method(target)(**kwargs)
+        if not isinstance(source, Source):
+            raise TypeError(f"dataset loader {target} returned {type(source).__name__}, not Source")
+        _SOURCES[key] = source
+    return _SOURCES[key]
+
+
+def clear_cache() -> None:
+    """Forget the memoised sources and federations."""
+    _SOURCES.clear()
+    _FEDERATIONS.clear()
+
+
+def _build(source: Source, part: dict, noise: dict, num_clients: int, seed: int) -> Federation:
+    from .noise import add_noise
+    from .partition import make_partition
+
+    n = len(source.y_train)
+    if not 1 <= num_clients <= n:
+        raise ValueError(f"num_clients must be between 1 and {n} (the training set size), got {num_clients}")
+    if seed < 0:
+        raise ValueError(f"seed must be a non-negative integer, got {seed}")
+    y = source.y_train.numpy()
+    part_rng, noise_rng = np.random.default_rng([seed, 1]), np.random.default_rng([seed, 2])
+    clients = make_partition(y, num_clients, part_rng, num_classes=source.num_classes, **part)
+    labels, oracle = add_noise(
+        y, clients, source.num_classes, noise_rng, clean=source.y_train_clean, **noise
+    )
+    for ix in clients:
+        ix.flags.writeable = False  # shared by every copy handed out
+    meta = {
+        "dataset": source.name,
+        "num_clients": num_clients,
+        "seed": seed,
+        "partition": part,
+        "noise": noise,
+        "client_sizes": [int(len(ix)) for ix in clients],
+    }
+    return Federation(source, clients, labels, oracle, federation_hash(source, clients, labels), meta)
+
+
+def federation_hash(source: Source, client_indices: list[np.ndarray], labels: torch.Tensor) -> str:
+    """blake2b of the dataset identity (name, sizes, label digest), each client's indices and the labels."""
+    h = hashlib.blake2b(digest_size=16)
+    shape = tuple(source.x_train.shape)
+    h.update(f"{source.name}|{shape}|{tuple(source.x_test.shape)}|{source.num_classes}".encode())
+    h.update(_int64_bytes(source.y_train))
+    h.update(_int64_bytes(source.y_test))
+    for ix in client_indices:
+        h.update(len(ix).to_bytes(8, "little"))
+        h.update(_int64_bytes(ix))
+    h.update(_int64_bytes(labels))
+    return h.hexdigest()
+
+
+def federation_stats(fed: Federation) -> dict[str, float | int]:
+    """Realized noise overall and per client, number of noisy clients, client sizes: for the run log."""
+    o = fed.oracle
+    sizes = fed.client_sizes
+    return {
+        "noise_rate": float(o.noisy_mask.double().mean()),
+        "client_noise_min": float(o.realized_rate.min()),
+        "client_noise_max": float(o.realized_rate.max()),
+        "num_noisy_clients": int(o.noisy_client.sum()),
+        "client_size_min": int(min(sizes)),
+        "client_size_max": int(max(sizes)),
+    }
+
+
+def _plain(cfg: Mapping[str, Any] | None) -> dict:
+    """A resolved plain-dict copy of a config node (DictConfig or mapping)."""
+    if cfg is None:
+        return {}
+    node = cfg if isinstance(cfg, DictConfig) else OmegaConf.create(dict(cfg))
+    return OmegaConf.to_container(node, resolve=True)
+
+
+def _int64_bytes(a: np.ndarray | torch.Tensor) -> bytes:
+    if isinstance(a, torch.Tensor):
+        a = a.cpu().numpy()
+    return np.ascontiguousarray(a, dtype="<i8").tobytes()

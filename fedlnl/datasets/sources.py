@@ -1,0 +1,412 @@
+"""Dataset loaders: each returns a ``federation.Source`` (uint8 NCHW images, int64 labels).
+
+Hydra calls a loader with every key of its ``conf/dataset/<name>.yaml`` (besides ``_target_``) as a
+keyword argument. Training images keep the original dataset order (torchvision order for CIFAR);
+the ``folder`` loader yields class-sorted order unless ``order_labels`` restores the original one.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import warnings
+from multiprocessing import Pool
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from .federation import Source
+
+#: methods.md §1.1: the reference code normalises CIFAR-10 with ImageNet statistics ...
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+#: ... and CIFAR-100 with its own
+CIFAR100_MEAN = (0.507, 0.487, 0.441)
+CIFAR100_STD = (0.267, 0.256, 0.276)
+CIFAR_AUGMENT = {"crop": 32, "pad": 4, "flip": True}  # RandomCrop(32, padding=4) + HFlip
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
+_CACHE_VERSION = "folder-v1"
+_CHUNK = 500  # images per decoding task
+
+
+class DatasetUnavailable(RuntimeError):
+    """The dataset files are missing and could not be downloaded."""
+
+
+# ---------------------------------------------------------------------------------------------
+# scikit-learn digits (offline default)
+
+
+def digits(name: str = "digits", test_size: float = 0.2, split_seed: int = 0) -> Source:
+    """scikit-learn's 8x8 digits: a fixed stratified split (``split_seed``, not the run seed)."""
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    data = load_digits()
+    x = np.floor(data.images * (255.0 / 16.0) + 0.5).astype(np.uint8)[:, None]  # 0..16 -> 0..255
+    y = data.target.astype(np.int64)
+    tr, te = train_test_split(np.arange(len(y)), test_size=test_size, stratify=y, random_state=split_seed)
+    tr, te = np.sort(tr), np.sort(te)  # keep the original order within each split
+    return _make_source(name, x[tr], y[tr], x[te], y[te], None, None, None, tuple(map(str, range(10))))
+
+
+# ---------------------------------------------------------------------------------------------
+# CIFAR via torchvision
+
+
+def cifar10(
+    name: str = "cifar10",
+    root: str = "~/data",
+    download: bool = True,
+    mean=IMAGENET_MEAN,
+    std=IMAGENET_STD,
+    augment: dict | None = CIFAR_AUGMENT,
+) -> Source:
+    """CIFAR-10 (50k/10k) in torchvision order."""
+    from torchvision.datasets import CIFAR10
+
+    return _torchvision_cifar(CIFAR10, name, root, download, mean, std, augment)
+
+
+def cifar100(
+    name: str = "cifar100",
+    root: str = "~/data",
+    download: bool = True,
+    mean=CIFAR100_MEAN,
+    std=CIFAR100_STD,
+    augment: dict | None = CIFAR_AUGMENT,
+) -> Source:
+    """CIFAR-100 (50k/10k, fine labels) in torchvision order."""
+    from torchvision.datasets import CIFAR100
+
+    return _torchvision_cifar(CIFAR100, name, root, download, mean, std, augment)
+
+
+def _torchvision_cifar(cls, name, root, download, mean, std, augment) -> Source:
+    root = _resolve(root)
+    train, test = _open_torchvision(cls, root, download)
+    return _make_source(
+        name,
+        torch.from_numpy(train.data).permute(0, 3, 1, 2).contiguous(),
+        np.asarray(train.targets),
+        torch.from_numpy(test.data).permute(0, 3, 1, 2).contiguous(),
+        np.asarray(test.targets),
+        mean,
+        std,
+        augment,
+        tuple(train.classes),
+    )
+
+
+def _open_torchvision(cls, root: Path, download: bool):
+    try:
+        return cls(str(root), train=True, download=False), cls(str(root), train=False, download=False)
+    except RuntimeError:
+        if not download:
+            raise DatasetUnavailable(
+                f"{cls.__name__} not found under {root} and download is off: "
+                f"set dataset.root=<dir holding it> or dataset.download=true"
+            ) from None
+    try:
+        return cls(str(root), train=True, download=True), cls(str(root), train=False, download=True)
+    except Exception as err:  # network errors come in many types
+        raise DatasetUnavailable(
+            f"{cls.__name__} not found under {root} and the download failed ({type(err).__name__}: "
+            f"{err}): set dataset.root=<dir holding it> dataset.download=true on a machine with internet"
+        ) from err
+
+
+# ---------------------------------------------------------------------------------------------
+# image folder: root/{train,test}/<class>/*.{jpg,jpeg,png}
+
+
+def folder(
+    name: str = "folder",
+    root: str = "",
+    cache_dir: str = "~/.cache/fedlnl",
+    size: int | list[int] | None = None,
+    mean=None,
+    std=None,
+    augment: dict | None = None,
+    order_labels: str | None = None,
+    order_labels_key: str = "clean_label",
+    workers: int | None = None,
+) -> Source:
+    """An image-folder tree, decoded once and cached as a uint8 ``.npz``.
+
+    Classes are the ``train`` sub-folders sorted alphabetically (= label order); files within a
+    class are sorted by numeric stem when every stem is an integer, else lexicographically. ``size``
+    (int or [H, W]) resizes images to that size; without it, images of differing sizes are resized
+    to the most common one. ``mean``/``std`` default to the training-set statistics.
+    ``order_labels`` is a ``.pt``/``.npy``/``.npz`` file with the training labels in the original
+    order (``order_labels_key`` for dicts): image i is then the r-th file of class y_i, r = number of
+    earlier images labelled y_i, which restores the original training order.
+    """
+    root = _resolve(root)
+    x_tr, y_tr, x_te, y_te, classes = _load_folder(root, _resolve(cache_dir), _size_hw(size), workers)
+    if order_labels is not None:
+        x_tr, y_tr = _restore_order(x_tr, y_tr, _resolve(order_labels), order_labels_key)
+    return _make_source(name, x_tr, y_tr, x_te, y_te, mean, std, augment, classes)
+
+
+def _load_folder(root: Path, cache_dir: Path, size, workers):
+    """(x_train, y_train, x_test, y_test, classes), class-sorted, from the cache when it is fresh."""
+    classes = _class_names(root)
+    files = {split: _list_split(root / split, classes) for split in ("train", "test")}
+    cache = cache_dir / f"{_CACHE_VERSION}-{_cache_key(root, files, size)}.npz"
+    if cache.exists():
+        with np.load(cache) as z:
+            return z["x_train"], z["y_train"], z["x_test"], z["y_test"], tuple(z["classes"].tolist())
+    arrays = {}
+    for split, (paths, labels) in files.items():
+        arrays[f"x_{split}"] = _decode_all(paths, size, workers, f"decoding {root.name}/{split}")
+        arrays[f"y_{split}"] = labels
+    _write_cache(cache, classes=np.array(classes), **arrays)
+    return arrays["x_train"], arrays["y_train"], arrays["x_test"], arrays["y_test"], classes
+
+
+def _class_names(root: Path) -> tuple[str, ...]:
+    train = root / "train"
+    if not train.is_dir():
+        raise DatasetUnavailable(f"no image folder at {train}: set dataset.root=<dir with train/ and test/>")
+    classes = tuple(sorted(d.name for d in train.iterdir() if d.is_dir()))
+    if not classes:
+        raise ValueError(f"{train} has no class sub-folders")
+    return classes
+
+
+def _list_split(split_dir: Path, classes: tuple[str, ...]) -> tuple[list[Path], np.ndarray]:
+    """All image paths of one split in (class, file) order, with their labels."""
+    if not split_dir.is_dir():
+        raise DatasetUnavailable(f"missing split folder {split_dir}")
+    unknown = sorted(d.name for d in split_dir.iterdir() if d.is_dir() and d.name not in classes)
+    if unknown:
+        raise ValueError(f"{split_dir} has classes missing from train/: {unknown[:5]}")
+    paths, labels = [], []
+    for label, cls in enumerate(classes):
+        found = _sorted_images(split_dir / cls)
+        paths += found
+        labels += [label] * len(found)
+    if not paths:
+        raise ValueError(f"no {'/'.join(IMAGE_SUFFIXES)} images under {split_dir}")
+    return paths, np.asarray(labels, dtype=np.int64)
+
+
+def _sorted_images(class_dir: Path) -> list[Path]:
+    if not class_dir.is_dir():
+        return []
+    files = [p for p in class_dir.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file()]
+    if all(p.stem.isdigit() for p in files):
+        return sorted(files, key=lambda p: (int(p.stem), p.name))
+    return sorted(files, key=lambda p: p.name)
+
+
+def _cache_key(root: Path, files: dict, size) -> str:
+    """Digest of the root path, the file list with mtimes and sizes, and the resize option."""
+    h = hashlib.blake2b(digest_size=12)
+    h.update(f"{root.resolve()}|{size}".encode())
+    for split, (paths, _) in files.items():
+        h.update(split.encode())
+        for p in paths:
+            st = p.stat()
+            h.update(f"{p.relative_to(root)}|{st.st_mtime_ns}|{st.st_size}\n".encode())
+    return h.hexdigest()
+
+
+def _write_cache(path: Path, **arrays) -> None:
+    """Write atomically (tmp file + rename); an unwritable cache only costs a warning."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        with open(tmp, "wb") as fh:
+            np.savez(fh, **arrays)
+        os.replace(tmp, path)
+    except OSError as err:
+        warnings.warn(f"could not write the image cache {path}: {err}", stacklevel=3)
+
+
+def _decode_all(paths: list[Path], size, workers: int | None, desc: str) -> np.ndarray:
+    """Decode (and maybe resize) every image to RGB; returns uint8 [n, 3, H, W]."""
+    chunks = [paths[i : i + _CHUNK] for i in range(0, len(paths), _CHUNK)]
+    workers = min(os.cpu_count() or 1, 8) if workers is None else workers
+    images: list[np.ndarray] = []
+    with tqdm(total=len(paths), desc=desc, unit="img", leave=False) as bar:
+        if workers <= 1 or len(chunks) <= 1:
+            results = map(_decode_chunk, chunks, [size] * len(chunks))
+            images = _collect(results, bar)
+        else:
+            with Pool(workers) as pool:
+                images = _collect(pool.imap(_decode_task, [(c, size) for c in chunks]), bar)
+    return _stack_same_size(images, paths)
+
+
+def _collect(results, bar) -> list[np.ndarray]:
+    images = []
+    for chunk in results:
+        images += chunk
+        bar.update(len(chunk))
+    return images
+
+
+def _decode_task(args) -> list[np.ndarray]:
+    return _decode_chunk(*args)
+
+
+def _decode_chunk(paths: list[Path], size) -> list[np.ndarray]:
+    """Worker: PIL-decode a list of files to HWC uint8 RGB arrays (resized to ``size`` = (H, W))."""
+    from PIL import Image
+
+    out = []
+    for p in paths:
+        with Image.open(p) as im:
+            im = im.convert("RGB")
+            if size is not None and im.size != (size[1], size[0]):
+                im = im.resize((size[1], size[0]), Image.Resampling.BILINEAR)
+            out.append(np.asarray(im, dtype=np.uint8))
+    return out
+
+
+def _stack_same_size(images: list[np.ndarray], paths: list[Path]) -> np.ndarray:
+    """Stack HWC images into NCHW; if sizes differ, re-decode the odd ones at the most common size."""
+    shapes = [im.shape[:2] for im in images]
+    sizes, counts = np.unique(np.array(shapes), axis=0, return_counts=True)
+    if len(sizes) > 1:
+        target = tuple(int(v) for v in sizes[np.argmax(counts)])
+        warnings.warn(
+            f"images under {paths[0].parents[2]} differ in size; resizing to the most common {target} "
+            "(set dataset.size=[H,W] to choose)",
+            stacklevel=3,
+        )
+        odd = [i for i, s in enumerate(shapes) if s != target]
+        for i, im in zip(odd, _decode_chunk([paths[i] for i in odd], target)):
+            images[i] = im
+    return np.ascontiguousarray(np.stack(images).transpose(0, 3, 1, 2))
+
+
+def _restore_order(x: np.ndarray, y: np.ndarray, label_file: Path, key: str):
+    """Reorder class-sorted (x, y) into the original order given by that order's labels."""
+    if not label_file.exists():
+        warnings.warn(f"{label_file} not found: training images stay in class-sorted order", stacklevel=3)
+        return x, y
+    y_orig = _read_labels(label_file, key)
+    perm = original_order(y, y_orig)
+    return x[perm], y[perm]
+
+
+def original_order(y_sorted: np.ndarray, y_orig: np.ndarray) -> np.ndarray:
+    """Positions in the class-sorted array of the images in original order.
+
+    Image i of the original order is the r-th image of class y_i, r = #{j < i : y_j = y_i}.
+    """
+    y_sorted, y_orig = np.asarray(y_sorted), np.asarray(y_orig, dtype=np.int64)
+    m = int(max(y_sorted.max(), y_orig.max())) + 1
+    counts = np.bincount(y_sorted, minlength=m)
+    if np.any(np.diff(y_sorted) < 0) or not np.array_equal(counts, np.bincount(y_orig, minlength=m)):
+        raise ValueError("order_labels do not match the folder's per-class image counts")
+    offset = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    by_class = np.argsort(y_orig, kind="stable")
+    rank = np.empty(len(y_orig), dtype=np.int64)
+    rank[by_class] = np.arange(len(y_orig)) - offset[y_orig[by_class]]
+    return offset[y_orig] + rank
+
+
+def _read_labels(path: Path, key: str) -> np.ndarray:
+    if path.suffix == ".pt":
+        obj = torch.load(path, map_location="cpu", weights_only=False)  # CIFAR-N: dict of numpy arrays
+    else:
+        obj = np.load(path)
+    if not isinstance(obj, (np.ndarray, torch.Tensor)):
+        obj = obj[key]
+    return np.asarray(obj, dtype=np.int64).reshape(-1)
+
+
+# ---------------------------------------------------------------------------------------------
+# synthetic Gaussian blobs
+
+
+def synthetic(
+    name: str = "synthetic",
+    n_train: int = 2000,
+    n_test: int = 500,
+    num_classes: int = 10,
+    channels: int = 3,
+    size: int = 32,
+    noise: float = 0.1,
+    seed: int = 0,
+    augment: dict | None = None,
+) -> Source:
+    """Each class is a coloured Gaussian blob at its own place; samples jitter it and add pixel noise."""
+    rng = np.random.default_rng(seed)
+    centers = rng.uniform(0.2, 0.8, (num_classes, 2)) * size
+    colors = rng.uniform(0.3, 1.0, (num_classes, channels))
+    x_tr, y_tr = _blobs(n_train, centers, colors, size, noise, rng)
+    x_te, y_te = _blobs(n_test, centers, colors, size, noise, rng)
+    classes = tuple(f"blob{c}" for c in range(num_classes))
+    return _make_source(name, x_tr, y_tr, x_te, y_te, None, None, augment, classes)
+
+
+def _blobs(n, centers, colors, size, noise, rng):
+    m = len(centers)
+    y = rng.permutation(np.arange(n) % m)  # balanced classes
+    c = centers[y] + rng.normal(0.0, 0.05 * size, (n, 2))
+    grid = np.arange(size) + 0.5
+    dy = (grid[None, :] - c[:, :1]) ** 2  # [n, H]
+    dx = (grid[None, :] - c[:, 1:]) ** 2  # [n, W]
+    blob = np.exp(-(dy[:, :, None] + dx[:, None, :]) / (2 * (size / 6) ** 2))
+    img = colors[y][:, :, None, None] * blob[:, None]
+    img = img + rng.normal(0.0, noise, img.shape)
+    return np.floor(np.clip(img, 0, 1) * 255 + 0.5).astype(np.uint8), y.astype(np.int64)
+
+
+# ---------------------------------------------------------------------------------------------
+# shared helpers
+
+
+def channel_stats(x: np.ndarray | torch.Tensor) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """Per-channel mean and std of uint8 NCHW images, in [0, 1] pixel units (exact, via histograms)."""
+    x = torch.as_tensor(x)
+    levels = np.arange(256, dtype=np.float64) / 255.0
+    means, stds = [], []
+    for c in range(x.shape[1]):
+        hist = torch.bincount(x[:, c].reshape(-1), minlength=256).numpy().astype(np.float64)
+        mean = hist @ levels / hist.sum()
+        means.append(float(mean))
+        stds.append(float(np.sqrt(max(hist @ levels**2 / hist.sum() - mean**2, 0.0))))
+    return tuple(means), tuple(stds)
+
+
+def _make_source(name, x_tr, y_tr, x_te, y_te, mean, std, augment, classes) -> Source:
+    x_tr, x_te = torch.as_tensor(x_tr, dtype=torch.uint8), torch.as_tensor(x_te, dtype=torch.uint8)
+    if mean is None or std is None:
+        stats = channel_stats(x_tr)
+        mean = stats[0] if mean is None else mean
+        std = stats[1] if std is None else std
+    return Source(
+        name=name,
+        x_train=x_tr,
+        y_train=torch.as_tensor(np.asarray(y_tr), dtype=torch.int64),
+        x_test=x_te,
+        y_test=torch.as_tensor(np.asarray(y_te), dtype=torch.int64),
+        num_classes=len(classes),
+        mean=tuple(float(v) for v in mean),
+        std=tuple(float(v) for v in std),
+        augment=dict(augment) if augment else None,
+        classes=tuple(classes),
+    )
+
+
+def _resolve(path) -> Path:
+    """Expand ``~`` and make relative paths relative to the launch directory (Hydra-aware)."""
+    from hydra.utils import to_absolute_path
+
+    return Path(to_absolute_path(os.path.expanduser(str(path))))
+
+
+def _size_hw(size) -> tuple[int, int] | None:
+    if size is None:
+        return None
+    if isinstance(size, int):
+        return (size, size)
+    h, w = size
+    return (int(h), int(w))

@@ -1,0 +1,266 @@
+"""Shared mechanics every method builds on: plain functions, no base class.
+
+Data stay resident as uint8 tensors on the run's device; a batch is an index gather, converted to
+float, augmented on the whole batch at once (random crop with zero padding, horizontal flip) and
+normalised. One working model is trained per client by loading the global weights into it, so no
+per-client deep copy of the network is made.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+# --------------------------------------------------------------------------------------- data
+@dataclass
+class TensorData:
+    """Training images of the whole federation, resident on one device."""
+
+    x: torch.Tensor  # uint8 [n, C, H, W]
+    mean: torch.Tensor  # [1, C, 1, 1] float
+    std: torch.Tensor  # [1, C, 1, 1] float
+    augment: dict | None = None  # {"crop": int, "pad": int, "flip": bool}; None = no augmentation
+
+    @classmethod
+    def build(cls, x: torch.Tensor, mean, std, augment, device) -> "TensorData":
+        shape = (1, len(mean), 1, 1)
+        return cls(
+            x=x.to(device),
+            mean=torch.tensor(mean, dtype=torch.float32, device=device).view(shape),
+            std=torch.tensor(std, dtype=torch.float32, device=device).view(shape),
+            augment=dict(augment) if augment else None,
+        )
+
+    @property
+    def device(self) -> torch.device:
+        return self.x.device
+
+    def images(self, idx: torch.Tensor, augment: bool = False, gen: torch.Generator | None = None):
+        """Normalised float images for global indices ``idx``; augmented if asked and configured."""
+        xb = self.x[idx].float().div_(255.0)
+        if augment and self.augment:
+            xb = augment_batch(xb, gen, **self.augment)
+        return (xb - self.mean) / self.std
+
+
+def augment_batch(
+    x: torch.Tensor, gen: torch.Generator | None, crop: int, pad: int = 4, flip: bool = True
+) -> torch.Tensor:
+    """Random crop of size ``crop`` from the zero-padded image and a random horizontal flip,
+    one independent draw per image, done for the whole batch with one gather."""
+    b, _, h, w = x.shape
+    if pad:
+        x = F.pad(x, (pad, pad, pad, pad))
+    hp, wp = x.shape[-2:]
+    oy = torch.randint(0, hp - crop + 1, (b,), generator=gen).to(x.device)
+    ox = torch.randint(0, wp - crop + 1, (b,), generator=gen).to(x.device)
+    ar = torch.arange(crop, device=x.device)
+    rows = (oy[:, None] + ar[None, :])  # [b, crop]
+    cols = (ox[:, None] + ar[None, :])
+    if flip:
+        flipped = torch.rand(b, generator=gen).to(x.device) < 0.5
+        cols = torch.where(flipped[:, None], cols.flip(1), cols)
+    bi = torch.arange(b, device=x.device)[:, None, None]
+    # x[b, :, rows[b, i], cols[b, j]] for every image b
+    out = x.permute(0, 2, 3, 1)[bi, rows[:, :, None], cols[:, None, :]]
+    return out.permute(0, 3, 1, 2).contiguous()
+
+
+def batches(n: int, batch_size: int, gen: torch.Generator, shuffle: bool = True) -> Iterator[torch.Tensor]:
+    """Positions 0..n-1 in shuffled mini-batches (the last one may be short, like drop_last=False)."""
+    order = torch.randperm(n, generator=gen) if shuffle else torch.arange(n)
+    yield from order.split(batch_size)
+
+
+# ------------------------------------------------------------------------------- local training
+def sgd(model: nn.Module, lr: float, momentum: float, weight_decay: float = 0.0) -> torch.optim.SGD:
+    """A fresh optimiser per local update (the reference code keeps no momentum across rounds)."""
+    return torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum, weight_decay=weight_decay)
+
+
+def mixup(x: torch.Tensor, y: torch.Tensor, alpha: float, gen: torch.Generator):
+    """Mixup (Zhang et al. 2018): x~ = λx + (1−λ)x[perm], one λ ~ Beta(α, α) per batch."""
+    lam = float(np.random.default_rng(_child_seed(gen)).beta(alpha, alpha))
+    perm = torch.randperm(x.shape[0], generator=gen).to(x.device)
+    return lam * x + (1.0 - lam) * x[perm], y, y[perm], lam
+
+
+def _child_seed(gen: torch.Generator) -> int:
+    """A seed drawn from ``gen``, to feed a numpy sampler torch lacks a generator-aware form of."""
+    return int(torch.randint(0, 2**62, (1,), generator=gen))
+
+
+def mixup_ce(logits: torch.Tensor, ya: torch.Tensor, yb: torch.Tensor, lam: float) -> torch.Tensor:
+    """λ·CE(f(x~), y) + (1−λ)·CE(f(x~), y[perm])."""
+    return lam * F.cross_entropy(logits, ya) + (1.0 - lam) * F.cross_entropy(logits, yb)
+
+
+def prox_sq(model: nn.Module, anchor: list[torch.Tensor]) -> torch.Tensor:
+    """Σ_params ‖w − w_g‖² over trainable parameters (buffers excluded)."""
+    return sum(((p - a) ** 2).sum() for p, a in zip(model.parameters(), anchor))
+
+
+PROX_FORMS = ("half_squared", "squared", "norm")
+
+
+def prox_penalty(model: nn.Module, anchor: list[torch.Tensor], form: str) -> torch.Tensor:
+    """The proximal distance to the global parameters in one of its published forms:
+    ``half_squared`` ½‖w − w_g‖² (FedProx, Li et al. 2020, Eq. 2), ``squared`` ‖w − w_g‖²
+    (FedCorr Eq. 5), ``norm`` ‖w − w_g‖ (the FedCorr reference code, methods.md §1.2)."""
+    sq = prox_sq(model, anchor)
+    if form == "half_squared":
+        return 0.5 * sq
+    if form == "squared":
+        return sq
+    if form == "norm":
+        return sq.clamp_min(1e-24).sqrt()
+    raise ValueError(f"prox form must be one of {PROX_FORMS}, got {form!r}")
+
+
+def param_anchor(model: nn.Module) -> list[torch.Tensor]:
+    """Detached copies of the current parameters, the w_g of a proximal term."""
+    return [p.detach().clone() for p in model.parameters()]
+
+
+LossFn = Callable[[nn.Module, torch.Tensor, torch.Tensor, int, torch.Generator], torch.Tensor]
+
+
+def ce_loss(model, xb, yb, step, gen):
+    return F.cross_entropy(model(xb), yb)
+
+
+def local_train(
+    model: nn.Module,
+    data: TensorData,
+    idx: torch.Tensor,
+    labels: torch.Tensor,
+    *,
+    epochs: int,
+    batch_size: int,
+    lr: float,
+    momentum: float,
+    gen: torch.Generator,
+    loss_fn: LossFn = ce_loss,
+    weight_decay: float = 0.0,
+    augment: bool = True,
+) -> float:
+    """Plain local SGD over one client's samples; returns the mean batch loss (nan if diverged).
+
+    ``loss_fn(model, xb, yb, step, gen)`` gives the batch loss, so a method adds mixup, proximal or
+    regularisation terms without rewriting the loop; ``step`` counts batches within the epoch.
+    """
+    model.train()
+    opt = sgd(model, lr, momentum, weight_decay)
+    total, count = 0.0, 0
+    for _ in range(epochs):
+        for step, pos in enumerate(batches(idx.numel(), batch_size, gen)):
+            pos = pos.to(idx.device)
+            xb = data.images(idx[pos], augment=augment, gen=gen)
+            loss = loss_fn(model, xb, labels[pos], step, gen)
+            if not torch.isfinite(loss):
+                return float("nan")
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            total += float(loss.detach())
+            count += 1
+    return total / max(count, 1)
+
+
+# ------------------------------------------------------------------------------- inference
+@torch.no_grad()
+def predict(
+    model: nn.Module, data: TensorData, idx: torch.Tensor, batch_size: int = 1000,
+    augment: bool = False, gen: torch.Generator | None = None, features: bool = False,
+):
+    """Logits (and penultimate features if asked) of ``model`` on samples ``idx``, in eval mode."""
+    was_training = model.training
+    model.eval()
+    logits, feats = [], []
+    for chunk in idx.split(batch_size):
+        xb = data.images(chunk, augment=augment, gen=gen)
+        if features:
+            f = model.features(xb)
+            feats.append(f)
+            logits.append(model.head(f))
+        else:
+            logits.append(model(xb))
+    model.train(was_training)
+    out = torch.cat(logits) if logits else torch.empty(0)
+    return (out, torch.cat(feats)) if features else out
+
+
+def per_sample_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy of each sample, no reduction."""
+    return F.cross_entropy(logits, labels, reduction="none")
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, data: TensorData, labels: torch.Tensor, batch_size: int = 1000):
+    """(accuracy, mean loss) of ``model`` on the whole of ``data`` (a test set)."""
+    idx = torch.arange(data.x.shape[0], device=data.device)
+    logits = predict(model, data, idx, batch_size)
+    loss = F.cross_entropy(logits, labels, reduction="mean").item()
+    acc = (logits.argmax(1) == labels).float().mean().item()
+    return acc, loss
+
+
+# ------------------------------------------------------------------------------- weights
+def get_weights(model: nn.Module) -> dict[str, torch.Tensor]:
+    """A detached copy of the full state dict (parameters and buffers)."""
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def set_weights(model: nn.Module, weights: dict[str, torch.Tensor]) -> None:
+    model.load_state_dict(weights, strict=True)
+
+
+def weighted_average(
+    weights: list[dict[str, torch.Tensor]], counts: list[float] | np.ndarray
+) -> dict[str, torch.Tensor]:
+    """w = Σ_k n_k w_k / Σ_k n_k over every state-dict entry (FedAvg, McMahan et al. 2017, Eq. 1).
+
+    Integer buffers (BatchNorm's num_batches_tracked) are averaged in float and rounded back.
+    """
+    if not weights:
+        raise ValueError("weighted_average needs at least one client update")
+    c = torch.as_tensor(np.asarray(counts, dtype=np.float64))
+    if (c < 0).any() or c.sum() <= 0:
+        raise ValueError(f"weighted_average: counts must be >= 0 with a positive sum, got {c.tolist()}")
+    c = c / c.sum()
+    out = {}
+    for key, ref in weights[0].items():
+        acc = torch.zeros_like(ref, dtype=torch.float64)
+        for w, ck in zip(weights, c):
+            acc.add_(w[key].to(torch.float64), alpha=float(ck))
+        out[key] = acc.round().to(ref.dtype) if not ref.is_floating_point() else acc.to(ref.dtype)
+    return out
+
+
+def payload_bytes(obj) -> int:
+    """Bytes a client uploads for ``obj`` (tensors, arrays, numbers, nested dicts/lists)."""
+    if obj is None:
+        return 0
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, np.ndarray):
+        return int(obj.nbytes)
+    if isinstance(obj, (int, float, bool, np.number)):
+        return 4
+    if isinstance(obj, dict):
+        return sum(payload_bytes(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(payload_bytes(v) for v in obj)
+    return 0
+
+
+# ------------------------------------------------------------------------------- sampling
+def uniform_clients(num_clients: int, frac: float, rng: np.random.Generator) -> list[int]:
+    """m = max(⌊frac·N⌋, 1) clients uniformly without replacement (sorted)."""
+    m = max(int(frac * num_clients), 1)
+    return sorted(rng.choice(num_clients, size=m, replace=False).tolist())

@@ -1,0 +1,51 @@
+"""FedAvg — McMahan et al., "Communication-Efficient Learning of Deep Networks from Decentralized
+Data", AISTATS 2017. No official repository; configured as in FedCorr (Xu et al., CVPR 2022,
+https://github.com/Xu-Jingyi/FedCorr), methods.md §4.
+
+Implementation notes
+- Client: ``fl.local_epochs`` epochs of SGD (momentum 0.5, no weight decay, a fresh optimiser per
+  round, as the FedCorr reference), batch ``fl.batch_size``, cross-entropy on the observed labels.
+- Server: n_k-weighted average of every state-dict entry, BatchNorm statistics included (Eq. 1 of
+  the paper; FedCorr code Q21). n_k is the client's full local size.
+- Sampling: m = max(⌊frac·N⌋, 1) clients uniformly without replacement each round.
+"""
+from __future__ import annotations
+
+from fedlnl.methods import engine
+from fedlnl.methods.protocol import ClientUpdate
+
+
+class FedAvg:
+    def __init__(self, rounds, frac, local_epochs, batch_size, lr, momentum, weight_decay, augment):
+        self.rounds, self.frac = rounds, frac
+        self.local_epochs, self.batch_size = local_epochs, batch_size
+        self.lr, self.momentum, self.weight_decay, self.augment = lr, momentum, weight_decay, augment
+
+    def total_rounds(self, info):
+        return self.rounds
+
+    def init(self, model, info, ctx):
+        return {"model": model, "global": engine.get_weights(model)}
+
+    def sample_clients(self, state, ctx):
+        return engine.uniform_clients(ctx.num_clients, self.frac, ctx.rng("sample"))
+
+    def client_update(self, state, client, ctx):
+        model = state["model"]
+        engine.set_weights(model, state["global"])
+        loss = engine.local_train(
+            model, client.data, client.indices, client.labels,
+            epochs=self.local_epochs, batch_size=self.batch_size, lr=self.lr,
+            momentum=self.momentum, weight_decay=self.weight_decay, augment=self.augment,
+            gen=ctx.generator("train", client.id),
+        )
+        return ClientUpdate(client.id, engine.get_weights(model), client.size, train_loss=loss)
+
+    def aggregate(self, state, updates, ctx):
+        state["global"] = engine.weighted_average(
+            [u.weights for u in updates], [u.num_samples for u in updates])
+        return state, {}
+
+    def eval_model(self, state):
+        engine.set_weights(state["model"], state["global"])
+        return state["model"]

@@ -1,0 +1,65 @@
+"""FedProx — Li et al., "Federated Optimization in Heterogeneous Networks", MLSys 2020
+(https://github.com/litian96/FedProx); configured as in FedCorr (methods.md §5, μ = 1).
+
+Implementation notes
+- Local loss = CE + μ·prox(w, w_g) with w_g the global weights received this round. The paper's
+  term is μ/2·‖w − w_g‖² (Eq. 2; ``prox_form: half_squared``).
+- Fidelity switch ``prox_form`` / ``prox_skip_first``: FedCorr's code most likely ran FedProx through
+  its own local update with β = 1 (methods.md Q24, inferred), i.e. μ·‖w − w_g‖ (not squared, no ½)
+  skipped on the first batch of every epoch. ``fidelity=reference`` selects that behaviour.
+- Everything else (sampling, n_k-weighted averaging) as FedAvg; the method is stateless.
+"""
+from __future__ import annotations
+
+import torch.nn.functional as F
+
+from fedlnl.methods import engine
+from fedlnl.methods.protocol import ClientUpdate
+
+
+class FedProx:
+    def __init__(self, rounds, frac, local_epochs, batch_size, lr, momentum, weight_decay, augment,
+                 mu, prox_form, prox_skip_first):
+        if prox_form not in engine.PROX_FORMS:
+            raise ValueError(f"method.prox_form must be one of {engine.PROX_FORMS}, got {prox_form!r}")
+        self.rounds, self.frac = rounds, frac
+        self.local_epochs, self.batch_size = local_epochs, batch_size
+        self.lr, self.momentum, self.weight_decay, self.augment = lr, momentum, weight_decay, augment
+        self.mu, self.prox_form, self.prox_skip_first = mu, prox_form, prox_skip_first
+
+    def total_rounds(self, info):
+        return self.rounds
+
+    def init(self, model, info, ctx):
+        return {"model": model, "global": engine.get_weights(model)}
+
+    def sample_clients(self, state, ctx):
+        return engine.uniform_clients(ctx.num_clients, self.frac, ctx.rng("sample"))
+
+    def client_update(self, state, client, ctx):
+        model = state["model"]
+        engine.set_weights(model, state["global"])
+        anchor = engine.param_anchor(model)
+
+        def loss_fn(model, xb, yb, step, gen):
+            loss = F.cross_entropy(model(xb), yb)
+            if self.mu > 0 and not (self.prox_skip_first and step == 0):
+                loss = loss + self.mu * engine.prox_penalty(model, anchor, self.prox_form)
+            return loss
+
+        loss = engine.local_train(
+            model, client.data, client.indices, client.labels,
+            epochs=self.local_epochs, batch_size=self.batch_size, lr=self.lr,
+            momentum=self.momentum, weight_decay=self.weight_decay, augment=self.augment,
+            gen=ctx.generator("train", client.id), loss_fn=loss_fn,
+        )
+        return ClientUpdate(client.id, engine.get_weights(model), client.size, train_loss=loss)
+
+    def aggregate(self, state, updates, ctx):
+        state["global"] = engine.weighted_average(
+            [u.weights for u in updates], [u.num_samples for u in updates])
+        return state, {}
+
+    def eval_model(self, state):
+        engine.set_weights(state["model"], state["global"])
+        return state["model"]

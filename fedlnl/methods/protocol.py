@@ -1,0 +1,126 @@
+"""The method plugin contract: what the runner hands a method and what it gets back.
+
+A method is one class (one file in ``fedlnl/methods/``) with these hooks; the runner owns the loop::
+
+    state = method.init(model, info, ctx0)
+    for round in range(method.total_rounds(info)):
+        ids = method.sample_clients(state, ctx)
+        updates = [method.client_update(state, view(k), ctx) for k in ids]
+        state, metrics = method.aggregate(state, updates, ctx)
+        evaluate(method.eval_model(state))
+
+Rules: a method never sees clean labels (a ``ClientView`` carries observed labels only), never
+touches the filesystem or W&B, and draws every random number from ``ctx.generator(...)`` so that
+results do not depend on the order in which clients are executed.
+"""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import Any, Callable, Protocol
+
+import numpy as np
+import torch
+from torch import nn
+
+#: ``sample_clients`` may return ``[ALL_CLIENTS]`` to train on the pooled data of every client
+#: (the centralized references); the runner then builds one view over all training samples.
+ALL_CLIENTS = -1
+
+
+@dataclass(frozen=True)
+class FederationInfo:
+    """What a method may know about the federation before training (no labels, no oracle)."""
+
+    num_clients: int
+    num_classes: int
+    client_sizes: tuple[int, ...]
+    input_shape: tuple[int, ...]
+    seed: int
+
+
+@dataclass
+class ClientView:
+    """One client's local dataset as the client itself would see it.
+
+    ``indices`` are global positions in the training tensors; ``labels`` are the *observed* (noisy,
+    possibly server-corrected) labels of those samples. ``data`` gives batches of images.
+    """
+
+    id: int
+    indices: torch.Tensor  # int64, on the run's device
+    labels: torch.Tensor  # int64, observed labels, aligned with indices
+    data: Any  # engine.TensorData
+
+    @property
+    def size(self) -> int:
+        return int(self.indices.numel())
+
+
+@dataclass
+class ClientUpdate:
+    """What a client sends back after local training. Label corrections and noise decisions go
+    through ``ctx.relabel`` / ``ctx.report_*`` so the runner applies and scores them."""
+
+    client: int
+    weights: dict[str, torch.Tensor] | None  # model state dict (None if the client sends none)
+    num_samples: int
+    #: extra upload payload (LID scalar, GMM parameters, centroids, ...); its bytes are counted.
+    payload: dict[str, Any] = field(default_factory=dict)
+    metrics: dict[str, float] = field(default_factory=dict)
+    train_loss: float = float("nan")
+
+
+def _ignore(*args, **kwargs) -> None:
+    return None
+
+
+@dataclass
+class RoundContext:
+    """Per-round information and the seeded randomness a method may use."""
+
+    round: int  # 0-based round index
+    total_rounds: int
+    seed: int
+    device: torch.device
+    num_clients: int
+    client_sizes: tuple[int, ...]
+    data: Any = None  # engine.TensorData: lets the server evaluate/score samples of any client
+    views: Callable[[int], ClientView] | None = None  # k -> ClientView, for server-side steps
+    #: decisions a method announces; the runner applies relabels and scores all of them against
+    #: the oracle the method never sees.
+    relabel: Callable[[torch.Tensor, torch.Tensor], None] = _ignore  # (global idx, new labels)
+    report_clients: Callable[..., None] = _ignore  # (is_noisy={k: bool}, mu_hat={k: float})
+    report_samples: Callable[[torch.Tensor, torch.Tensor], None] = _ignore  # (idx, flagged mask)
+
+    def _seed(self, *keys: Any) -> int:
+        text = "/".join(str(k) for k in (self.seed, self.round, *keys))
+        return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little") >> 1
+
+    def generator(self, *keys: Any) -> torch.Generator:
+        """A CPU torch generator seeded by (seed, round, *keys): independent of execution order."""
+        g = torch.Generator()
+        g.manual_seed(self._seed(*keys))
+        return g
+
+    def rng(self, *keys: Any) -> np.random.Generator:
+        """A numpy generator seeded by (seed, round, *keys)."""
+        return np.random.default_rng(self._seed(*keys))
+
+
+class Method(Protocol):
+    """The hooks every method implements (structural typing: no base class to inherit)."""
+
+    def total_rounds(self, info: FederationInfo) -> int: ...
+
+    def init(self, model: nn.Module, info: FederationInfo, ctx: RoundContext) -> Any: ...
+
+    def sample_clients(self, state: Any, ctx: RoundContext) -> list[int]: ...
+
+    def client_update(self, state: Any, client: ClientView, ctx: RoundContext) -> ClientUpdate: ...
+
+    def aggregate(
+        self, state: Any, updates: list[ClientUpdate], ctx: RoundContext
+    ) -> tuple[Any, dict[str, float]]: ...
+
+    def eval_model(self, state: Any) -> nn.Module: ...

@@ -1,0 +1,36 @@
+"""VGG-11 with torchvision's structure (FedCorr Table 10).
+
+``features`` is everything up to the last hidden layer of the classifier (4096 units); ``head`` is
+the final Linear. The reference code assigns ``.fc = Linear(4096, M)`` to torchvision's ``vgg11()``,
+which has no ``fc`` (its head is ``.classifier``), so its network outputs 1000 logits and softmax,
+LID and argmax run over 1000 dimensions (methods.md §1.1). ``reference_head: true`` reproduces that
+by giving the head 1000 outputs; the unused, never-trained ``fc`` module of the reference is not
+reproduced (it only adds averaged parameters that contribute nothing).
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torchvision
+from torch import nn
+
+REFERENCE_OUTPUTS = 1000
+
+
+class VGG11(nn.Module):
+    def __init__(self, num_classes: int, input_shape: Sequence[int], reference_head: bool):
+        super().__init__()
+        out = REFERENCE_OUTPUTS if reference_head else num_classes
+        net = torchvision.models.vgg11(num_classes=out)
+        if input_shape[0] != 3:
+            net.features[0] = nn.Conv2d(input_shape[0], 64, 3, padding=1)
+        self.body = nn.Sequential(net.features, net.avgpool, nn.Flatten(), *net.classifier[:-1])
+        self.feature_dim = net.classifier[-1].in_features
+        self.head = net.classifier[-1]
+
+    def features(self, x: torch.Tensor) -> torch.Tensor:
+        return self.body(x)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.features(x))

@@ -1,0 +1,40 @@
+"""Shared test helpers: compose the real Hydra config and run tiny federations."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_module
+from hydra.core.global_hydra import GlobalHydra
+
+from fedlnl.benchmark import resolvers  # noqa: F401  (registers ${fidelity:...})
+
+REPO = Path(__file__).resolve().parents[1]
+CONF = REPO / "fedlnl" / "conf"
+SHARED = Path(os.environ.get("FEDLNL_SHARED", REPO.parent / "shared"))
+
+
+def compose_cfg(overrides: list[str]):
+    """The config ``fedlnl-run`` would run with these overrides (no Hydra job dir)."""
+    GlobalHydra.instance().clear()
+    with initialize_config_module(config_module="fedlnl.conf", version_base=None):
+        return compose(config_name="config", overrides=overrides)
+
+
+def method_names() -> list[str]:
+    return sorted(p.stem for p in (CONF / "method").glob("*.yaml"))
+
+
+def run_tiny(tmp_path: Path, overrides: list[str], method: str = "fedavg") -> dict:
+    from fedlnl.benchmark.run import run
+
+    cfg = compose_cfg([f"method={method}", "debug=tiny", "logger=none", "device=cpu", *overrides])
+    return run(cfg, tmp_path, method)
+
+
+@pytest.fixture
+def shared_data() -> Path:
+    if not (SHARED / "data" / "cifar10-jpeg").is_dir():
+        pytest.skip(f"shared data not found at {SHARED}/data (set FEDLNL_SHARED)")
+    return SHARED / "data"

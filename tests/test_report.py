@@ -1,0 +1,164 @@
+"""fedlnl-report on a fake sweep: 2 methods x 2 settings x 2 seeds, plus incomplete runs."""
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from fedlnl.benchmark import report
+
+#: (method, (rho, tau)) -> per seed: best_acc, cost to 0.5, cost to 0.8
+RUNS = {
+    ("fedavg", (0.4, 0.0)): [(0.80, 100, 300), (0.84, 120, None)],
+    ("fedavg", (0.6, 0.5)): [(0.70, 200, None), (0.76, 220, None)],
+    ("fedcorr", (0.4, 0.0)): [(0.78, 40, None), (0.80, 60, None)],
+    ("fedcorr", (0.6, 0.5)): [(0.88, 50, 150), (0.86, 70, 250)],
+}
+ROUNDS = 10
+
+
+def summary(method: str, noise: tuple[float, float], seed: int, best: float, costs, status="complete"):
+    rho, tau = noise
+    return {
+        "status": status, "method": method, "dataset": "digits", "model": "cnn", "seed": seed,
+        "best_acc": best, "final_acc": best - 0.01, "last10_acc": best - 0.02,
+        "comm_cost": 10 * ROUNDS, "cost_to_target": {"0.5": costs[0], "0.8": costs[1]},
+        "bytes_up": 1000, "wall_time_s": 1.0, "federation_hash": "abc", "git_commit": "0",
+        "setting": {"dataset": "digits", "noise": "symmetric", "rho": rho, "tau": tau,
+                    "partition": "iid", "p": None, "alpha": None, "num_clients": 10,
+                    "fidelity": "paper"},
+        "config": {"seed": seed, "fl": {"lr": 0.01}, "method": {"name": method}},
+        "config_hash": "h",
+    }
+
+
+def write_run(run_dir: Path, summary_obj: dict | None, best: float) -> None:
+    run_dir.mkdir(parents=True)
+    lines = [{"round": r, "acc": best * r / ROUNDS, "loss": 1.0, "comm_cost": 10 * r}
+             for r in range(1, ROUNDS + 1)]
+    (run_dir / "metrics.jsonl").write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    if summary_obj is not None:
+        (run_dir / "summary.json").write_text(json.dumps(summary_obj))
+
+
+def write_hydra(run_dir: Path, method: str, rho: float, tau: float, seed: int) -> None:
+    (run_dir / ".hydra").mkdir()
+    cfg = {"seed": seed, "fidelity": "paper", "dataset": {"name": "digits"}, "partition": {"kind": "iid"},
+           "noise": {"kind": "symmetric", "rho": rho, "tau": tau}, "fl": {"num_clients": 10, "lr": 0.01}}
+    choices = {"method": method, "dataset": "digits", "model": "cnn", "partition": "iid"}
+    (run_dir / ".hydra" / "config.yaml").write_text(json.dumps(cfg))  # JSON is valid YAML
+    (run_dir / ".hydra" / "hydra.yaml").write_text(json.dumps({"hydra": {"runtime": {"choices": choices}}}))
+
+
+@pytest.fixture
+def sweep(tmp_path: Path) -> Path:
+    root = tmp_path / "sweep"
+    for (method, noise), seeds in RUNS.items():
+        for seed, (best, *costs) in enumerate(seeds):
+            run_dir = root / f"{method}_{noise[0]}_{noise[1]}" / str(seed)
+            write_run(run_dir, summary(method, noise, seed, best, costs), best)
+    failed = summary("fedavg", (0.8, 0.5), 0, 0.1, (None, None), status="failed")
+    write_run(root / "fedavg_0.8_0.5" / "0", failed, 0.1)  # the only run of its column
+    write_run(root / "fedcorr_0.6_0.5" / "2", None, 0.5)  # still running: no summary yet
+    write_hydra(root / "fedcorr_0.6_0.5" / "2", "fedcorr", 0.6, 0.5, 2)
+    write_run(root / "broken" / "0", None, 0.5)
+    (root / "broken" / "0" / "summary.json").write_text('{"status": "comp')  # half written
+    return root
+
+
+def cell(values: list[float]) -> str:
+    pct = 100 * np.array(values)
+    return f"{pct.mean():.2f} ± {pct.std():.2f}"
+
+
+def test_accuracy_tables(sweep: Path, capsys, caplog):
+    with caplog.at_level(logging.WARNING):
+        assert report.main([str(sweep)]) == 0
+    out = capsys.readouterr().out
+    assert "unreadable" in caplog.text and "broken" in caplog.text
+    md = (sweep / "report" / "accuracy.md").read_text()
+    assert md.split("\n\n")[1] in out and f"report: {sweep / 'report'}" in out
+    rows = {line.split(" | ")[0].strip("| "): line for line in md.splitlines() if line.startswith("| fed")}
+    # closed form: population std; fedavg best at (0.4,0), fedcorr best at (0.6,0.5)
+    assert f"**{cell([0.80, 0.84])} (n=2)**" in rows["fedavg"]  # 82.00 ± 2.00
+    assert f"| {cell([0.70, 0.76])} (n=2) |" in rows["fedavg"]  # 73.00 ± 3.00, not bold
+    assert f"| {cell([0.78, 0.80])} (n=2) |" in rows["fedcorr"]
+    assert f"**{cell([0.88, 0.86])} (n=2, 1 incomplete)**" in rows["fedcorr"]
+    assert "82.00 ± 2.00" in rows["fedavg"] and "73.00 ± 3.00" in rows["fedavg"]
+    header = md.splitlines()[2]
+    assert header == "| method | (0.4,0) | (0.6,0.5) | (0.8,0.5) |"
+    # the column whose only run failed is a missing cell
+    assert rows["fedavg"].endswith("| missing (1 incomplete) |")
+    assert rows["fedcorr"].endswith("| missing |")
+    assert "failed" in md and "fedcorr_0.6_0.5/2: missing" in md and "broken/0: unreadable" in md
+
+
+def test_accuracy_csv_and_latex(sweep: Path):
+    report.main([str(sweep), "--metric", "final_acc"])
+    csv = pd.read_csv(sweep / "report" / "accuracy.csv")
+    line = csv[(csv.method == "fedavg") & (csv.column == "(0.6,0.5)")].iloc[0]
+    pct = 100 * (np.array([0.70, 0.76]) - 0.01)
+    assert line["mean"] == pytest.approx(pct.mean()) and line["std"] == pytest.approx(pct.std())
+    assert (line["n"], line["n_incomplete"], line["metric"]) == (2, 0, "final_acc")
+    assert (line["rho"], line["tau"]) == (0.6, 0.5)
+    missing = csv[(csv.method == "fedavg") & (csv.column == "(0.8,0.5)")].iloc[0]
+    assert missing["n"] == 0 and missing["n_incomplete"] == 1 and np.isnan(missing["mean"])
+    tex = (sweep / "report" / "accuracy.tex").read_text()
+    assert "\\begin{tabular}{lccc}" in tex and "\\end{tabular}" in tex
+    assert "\\textbf{82.00 $\\pm$ 2.00 (n=2)}" not in tex  # final_acc: 81.00
+    assert "\\textbf{81.00 $\\pm$ 2.00 (n=2)}" in tex and tex.count("\\textbf") == 2
+
+
+def test_comm_table(sweep: Path):
+    report.main([str(sweep), "--ratio-to", "fedcorr"])
+    md = (sweep / "report" / "comm.md").read_text()
+    sections = {s.splitlines()[0]: s for s in md.split("### ")[1:]}
+    to50 = sections["Communication cost to reach 50% test accuracy (ratio to fedcorr in brackets)"]
+    to80 = sections["Communication cost to reach 80% test accuracy (ratio to fedcorr in brackets)"]
+    assert "| fedavg | 110 (2.2) | 210 (3.5) | missing |" in to50
+    assert "| fedcorr | 50 | 60 | missing |" in to50
+    assert "| fedavg | 300 [1/2] | - | missing |" in to80  # reference never reached: no ratio
+    assert "| fedcorr | - | 200 | missing |" in to80
+    total = sections["Total communication cost (client participations) (ratio to fedcorr in brackets)"]
+    assert "| fedavg | 100 (1.0) | 100 (1.0) | missing |" in total
+    csv = pd.read_csv(sweep / "report" / "comm.csv")
+    line = csv[(csv.method == "fedavg") & (csv.column == "(0.6,0.5)") & (csv.target == 0.5)].iloc[0]
+    assert line["mean"] == 210 and line["ratio"] == pytest.approx(3.5) and line["n_reached"] == 2
+
+
+def test_plot(sweep: Path):
+    report.main([str(sweep)])
+    png = sweep / "report" / "acc_vs_cost.png"
+    assert png.stat().st_size > 1000 and png.read_bytes()[:4] == b"\x89PNG"
+    lines = report.curves(report.load_summaries(sweep))
+    cost, acc = lines["(0.6,0.5)"]["fedcorr"]
+    np.testing.assert_allclose(cost, 10 * np.arange(1, ROUNDS + 1))
+    np.testing.assert_allclose(acc[-1], 87.0)  # mean of the two complete seeds only
+
+
+def test_by_config_key_and_errors(sweep: Path, capsys):
+    report.main([str(sweep), "--by", "fl.lr"])  # resolved as config.fl.lr
+    assert "| method | (0.4,0) lr=0.01 | (0.6,0.5) lr=0.01 |" in capsys.readouterr().out
+    report.main([str(sweep), "--rows", "model"])  # methods then become part of the columns
+    assert "| model | fedavg (0.4,0) | fedavg (0.6,0.5) |" in capsys.readouterr().out
+    assert report.main([str(sweep), "--by", "no.such.key"]) == 2
+    assert report.main([str(sweep / "nothing")]) == 1
+
+
+def test_default_columns_for_noniid_and_datasets():
+    base = {"status": "complete", "method": "m", "best_acc": 0.5, "tau": 0.5, "rho": 0.6}
+    frame = pd.DataFrame([
+        {**base, "dataset": "cifar10", "partition": "iid", "p": None, "alpha": None},
+        {**base, "dataset": "cifar10", "partition": "noniid", "p": 0.7, "alpha": 10.0},
+        {**base, "dataset": "cifar100", "partition": "noniid", "p": 0.3, "alpha": 1.0},
+    ])
+    _, columns, _ = report.with_columns(frame, "method")
+    assert columns == ["cifar10 (0.6,0.5) IID", "cifar10 (0.6,0.5) non-IID (0.7,10)",
+                       "cifar100 (0.6,0.5) non-IID (0.3,1)"]
+    frame["setting.fidelity"] = ["paper", "reference", "paper"]  # any other varying setting key
+    _, columns, _ = report.with_columns(frame, "method")
+    assert columns[1] == "cifar10 (0.6,0.5) non-IID (0.7,10) fidelity=reference"
