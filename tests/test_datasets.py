@@ -8,6 +8,7 @@ import torch
 from omegaconf import OmegaConf
 from PIL import Image
 
+from conftest import compose_cfg
 from fedlnl.datasets import federation as fedmod
 from fedlnl.datasets import sources
 from fedlnl.datasets.federation import Source, build_federation, federation_stats, load_source
@@ -21,25 +22,12 @@ def _shared_data() -> Path:
     return (Path(env) if env else Path(__file__).parents[2] / "shared") / "data"
 
 
-def _fidelity(paper, reference, *, _root_):
-    return paper if _root_.get("fidelity", "paper") == "paper" else reference
-
-
 def compose(dataset="digits", partition="iid", noise="symmetric", fidelity="paper", **overrides):
-    """The three groups under a root with ``fidelity``, resolved (``a__b=v`` overrides ``a.b``)."""
-    cfg = OmegaConf.create({"fidelity": fidelity})
-    for group, name in (("dataset", dataset), ("partition", partition), ("noise", noise)):
-        cfg[group] = OmegaConf.load(CONF / group / f"{name}.yaml")
-    for key, value in overrides.items():
-        OmegaConf.update(cfg, key.replace("__", "."), value)
-    borrowed = not OmegaConf.has_resolver("fidelity")  # the runner registers the real one
-    if borrowed:
-        OmegaConf.register_new_resolver("fidelity", _fidelity)
-    try:
-        OmegaConf.resolve(cfg)
-    finally:
-        if borrowed:
-            OmegaConf.clear_resolver("fidelity")
+    """The composed run config for these groups (``a__b=v`` overrides ``a.b``), resolved."""
+    args = [f"dataset={dataset}", f"partition={partition}", f"noise={noise}", f"fidelity={fidelity}"]
+    args += [f"{k.replace('__', '.')}={v}" for k, v in overrides.items()]
+    cfg = compose_cfg(args)
+    OmegaConf.resolve(cfg)
     return cfg
 
 
@@ -53,8 +41,8 @@ def build(cfg, num_clients=10, seed=0):
 
 @pytest.mark.parametrize("path", DATASET_YAMLS, ids=lambda p: p.stem)
 def test_dataset_yaml_has_comment_name_and_target(path):
-    assert path.read_text().startswith("#")
-    cfg = OmegaConf.load(path)
+    assert path.read_text().startswith("# @package _global_\n#")
+    cfg = OmegaConf.load(path).dataset
     assert cfg.name == path.stem
     assert cfg._target_.startswith("fedlnl.datasets.sources.")
 
@@ -238,7 +226,8 @@ def test_federation_streams_and_memo_copies():
 
     y = fed.source.y_train.numpy()
     clients = iid(len(y), 7, np.random.default_rng([5, 1]))
-    labels, _ = add_noise(y, clients, 10, np.random.default_rng([5, 2]), **dict(cfg.noise))
+    labels, _ = add_noise(y, clients, 10, np.random.default_rng([5, 2]),
+                            **{k: v for k, v in cfg.noise.items() if k != "rho_tau"})
     assert torch.equal(fed.labels, labels)
     fed.labels[:] = 0  # a runner relabelling in place must not touch the memo
     assert torch.equal(build(cfg, num_clients=7, seed=5).labels, labels)

@@ -14,9 +14,17 @@ def _fidelity(paper_value, reference_value, *, _root_):
     return paper_value if mode == "paper" else reference_value
 
 
+def _item(pair, index, fallback):
+    """``${item:${.rho_tau},0,0.0}``: element ``index`` of a zipped sweep pair, or ``fallback`` when
+    the pair is unset. Lets ``noise.rho_tau=[0.6,0.5]`` sweep (ρ, τ) together while ``noise.rho``
+    stays directly settable."""
+    return fallback if pair is None else pair[int(index)]
+
+
 def register() -> None:
-    if not OmegaConf.has_resolver("fidelity"):
-        OmegaConf.register_new_resolver("fidelity", _fidelity)
+    for name, fn in (("fidelity", _fidelity), ("item", _item)):
+        if not OmegaConf.has_resolver(name):
+            OmegaConf.register_new_resolver(name, fn)
 
 
 register()

@@ -83,7 +83,6 @@ class Runner:
     # ------------------------------------------------------------------ setup
     def prepare(self) -> None:
         cfg = self.cfg
-        validate(cfg)
         self.device = resolve_device(str(cfg.device))
         self.fed = build_federation(cfg.dataset, cfg.partition, cfg.noise, cfg.fl.num_clients, cfg.seed)
         validate(cfg, num_train=int(self.fed.source.x_train.shape[0]))
@@ -251,6 +250,7 @@ def completed(run_dir: Path, cfg_hash: str) -> dict | None:
 
 
 def run(cfg: DictConfig, run_dir: Path, method_name: str, group: str = "single") -> dict:
+    validate(cfg)  # before anything resolves or loads
     runner = Runner(cfg, run_dir, method_name, group)
     if cfg.get("skip_complete", True):
         done = completed(run_dir, runner.hash)

@@ -27,6 +27,11 @@ def _is_int(v) -> bool:
 
 def validate(cfg: DictConfig, num_train: int | None = None) -> None:
     """Raise ConfigError naming the key, the value and the allowed range."""
+    for key, what in (("noise.rho_tau", "[rho, tau]"), ("partition.p_alpha", "[p, alpha]")):
+        group, name = key.split(".")
+        pair = cfg[group].get(name) if group in cfg else None
+        if pair is not None and (not hasattr(pair, "__len__") or len(pair) != 2):
+            raise ConfigError(f"{key}={pair!r} is invalid: allowed a pair {what} or null")
     unit = lambda v: 0.0 <= v <= 1.0  # noqa: E731
     _check(cfg, "noise.rho", unit, "a share in [0, 1]")
     _check(cfg, "noise.tau", unit, "a noise level in [0, 1]")

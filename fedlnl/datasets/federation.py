@@ -86,6 +86,8 @@ def build_federation(
     call returns its own copy of ``labels`` so a runner may relabel in place.
     """
     part, noise = _plain(partition_cfg), _plain(noise_cfg)
+    part.pop("p_alpha", None)  # sweep conveniences only: p/alpha and rho/tau already hold the values
+    noise.pop("rho_tau", None)
     key = json.dumps([_plain(dataset_cfg), part, noise, int(num_clients), int(seed)], sort_keys=True)
     if key not in _FEDERATIONS:
         if len(_FEDERATIONS) >= _MAX_FEDERATIONS:
