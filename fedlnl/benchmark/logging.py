@@ -16,6 +16,8 @@ def _clean(value):
         return {str(k): _clean(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [_clean(v) for v in value]
+    if hasattr(value, "tolist") and getattr(value, "ndim", 0) > 0:  # numpy arrays, tensors
+        return _clean(value.tolist())
     if hasattr(value, "item") and callable(value.item):
         value = value.item()
     if isinstance(value, float) and not math.isfinite(value):

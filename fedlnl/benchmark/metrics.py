@@ -54,6 +54,9 @@ class OracleScorer:
         self.num_relabels = 0
         self.num_correct_relabels = 0
         self.latest: dict[str, float] = {}
+        self.mu_hat: dict[int, float] = {}  # latest estimate per client
+        self.flagged: dict[int, bool] = {}  # latest noisy/clean decision per client
+        self.initial_labels = labels.clone()
 
     # --- decisions reported by methods through the round context
     def relabel(self, idx: torch.Tensor, new: torch.Tensor) -> None:
@@ -71,10 +74,12 @@ class OracleScorer:
     def clients(self, is_noisy: dict[int, bool] | None = None, mu_hat: dict[int, float] | None = None):
         """Client-level decisions: flagged noisy clients and estimated noise levels μ̂_k."""
         if is_noisy:
+            self.flagged.update({int(k): bool(v) for k, v in is_noisy.items()})
             ks = sorted(is_noisy)
             pred = np.array([is_noisy[k] for k in ks])
             self.latest.update(binary_scores(pred, self.oracle.noisy_client[ks], "client"))
         if mu_hat:
+            self.mu_hat.update({int(k): float(v) for k, v in mu_hat.items()})
             ks = sorted(mu_hat)
             est = np.array([mu_hat[k] for k in ks], dtype=float)
             self.latest["mu_mae"] = float(np.mean(np.abs(est - self.oracle.realized_rate[ks])))
@@ -90,3 +95,26 @@ class OracleScorer:
         self.latest["relabels"] = float(self.num_relabels)
         if self.num_relabels:
             self.latest["relabel_acc"] = self.num_correct_relabels / self.num_relabels
+
+    def diagnostics(self, num_classes: int) -> dict:
+        """Per-client truth vs estimates, class counts and label confusion before/after correction
+        (rows = clean class, columns = observed class), for the report's figures."""
+        clean = self.oracle.clean_labels.cpu().long()
+        def confusion(labels):
+            m = torch.zeros(num_classes * num_classes, dtype=torch.long)
+            m.index_add_(0, clean * num_classes + labels.cpu().long(), torch.ones_like(clean))
+            return m.view(num_classes, num_classes).tolist()
+        counts = [np.bincount(clean.numpy()[ix], minlength=num_classes).tolist() for ix in self.client_indices]
+        n = len(self.client_indices)
+        return {
+            "clients": {
+                "true_rate": self.oracle.realized_rate.tolist(), "mu": self.oracle.mu.tolist(),
+                "noisy_client": self.oracle.noisy_client.tolist(),
+                "mu_hat": [self.mu_hat.get(k) for k in range(n)],
+                "flagged": [self.flagged.get(k) for k in range(n)],
+                "size": [int(len(ix)) for ix in self.client_indices],
+            },
+            "class_counts": counts,
+            "confusion_before": confusion(self.initial_labels),
+            "confusion_after": confusion(self.labels),
+        }

@@ -94,6 +94,7 @@ class Runner:
         self.client_idx = [torch.tensor(ix, dtype=torch.long, device=self.device)
                            for ix in self.fed.client_indices]
         self.scorer = OracleScorer(self.fed.oracle, self.fed.client_indices, self.labels)
+        self.records: dict = {}  # ctx.record(...) diagnostics, written to diagnostics.json
         self.info = FederationInfo(self.fed.num_clients, self.fed.num_classes, self.fed.client_sizes,
                                    tuple(src.x_train.shape[1:]), int(cfg.seed))
         with torch.random.fork_rng(devices=[]):  # model init from the run seed, not global state
@@ -113,6 +114,7 @@ class Runner:
             num_clients=self.info.num_clients, client_sizes=self.info.client_sizes,
             data=self.train, views=self.view, relabel=self.scorer.relabel,
             report_clients=self.scorer.clients, report_samples=self.scorer.samples,
+            record=self.records.__setitem__,
         )
 
     # ------------------------------------------------------------------ checkpoints
@@ -122,7 +124,8 @@ class Runner:
     def save_checkpoint(self, state, rnd: int) -> None:
         tmp = self.run_dir / ".checkpoint.pt.tmp"
         torch.save({"config_hash": self.hash, "round": rnd, "state": state, "labels": self.labels,
-                    "scorer": (self.scorer.num_relabels, self.scorer.num_correct_relabels, self.scorer.latest),
+                    "scorer": (self.scorer.num_relabels, self.scorer.num_correct_relabels, self.scorer.latest,
+                               self.scorer.mu_hat, self.scorer.flagged), "records": self.records,
                     "rows": self.rows, "comm": self.comm, "bytes": self.bytes_up,
                     "elapsed": time.time() - self.t0}, tmp)
         tmp.replace(self._ckpt_path())
@@ -136,7 +139,9 @@ class Runner:
             log.warning("checkpoint in %s is for another config; starting over", self.run_dir)
             return None
         self.labels.copy_(ck["labels"])
-        self.scorer.num_relabels, self.scorer.num_correct_relabels, self.scorer.latest = ck["scorer"]
+        (self.scorer.num_relabels, self.scorer.num_correct_relabels, self.scorer.latest,
+         self.scorer.mu_hat, self.scorer.flagged) = ck["scorer"]
+        self.records.update(ck["records"])
         self.rows, self.comm, self.bytes_up = ck["rows"], ck["comm"], ck["bytes"]
         self.t0 -= ck["elapsed"]
         log.info("resuming from round %d of %d (%s)", ck["round"] + 1, self.total, path)
@@ -233,7 +238,9 @@ class Runner:
         }
         sinks.summary(summary)
         sinks.close()
-        write_json_atomic(self.run_dir / "summary.json", summary)
+        diag = {**self.scorer.diagnostics(self.info.num_classes), "records": self.records}
+        write_json_atomic(self.run_dir / "diagnostics.json", diag)
+        write_json_atomic(self.run_dir / "summary.json", summary)  # last: its presence = finished
         if status == "complete" and self._ckpt_path().exists():
             self._ckpt_path().unlink()
         return summary

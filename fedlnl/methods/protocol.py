@@ -92,6 +92,9 @@ class RoundContext:
     relabel: Callable[[torch.Tensor, torch.Tensor], None] = _ignore  # (global idx, new labels)
     report_clients: Callable[..., None] = _ignore  # (is_noisy={k: bool}, mu_hat={k: float})
     report_samples: Callable[[torch.Tensor, torch.Tensor], None] = _ignore  # (idx, flagged mask)
+    #: diagnostics for plots (e.g. FedCorr's cumulative LID and its GMM): the runner keeps the
+    #: latest value per key and writes them to the run's diagnostics.json; plain numbers/lists.
+    record: Callable[[str, Any], None] = _ignore
 
     def _seed(self, *keys: Any) -> int:
         text = "/".join(str(k) for k in (self.seed, self.round, *keys))
