@@ -35,7 +35,7 @@ from fedlnl.methods.protocol import ALL_CLIENTS, ClientView, FederationInfo, Rou
 log = logging.getLogger("fedlnl")
 
 #: config keys that do not change a run's numbers (left out of the config hash)
-NON_RESULT_KEYS = ("logger", "name", "checkpoint_every", "skip_complete", "device", "hydra")
+NON_RESULT_KEYS = ("logger", "name", "preset", "checkpoint_every", "skip_complete", "device", "hydra")
 
 
 def config_hash(cfg: dict) -> str:
@@ -227,7 +227,8 @@ class Runner:
         summary = {
             "status": status, "method": self.method_name, "dataset": str(self.cfg.dataset.name),
             "model": HydraConfig.get().runtime.choices.get("model") if HydraConfig.initialized() else None,
-            "seed": int(self.cfg.seed), **accuracy_summary(self.rows),
+            "seed": int(self.cfg.seed), "variant": self.cfg.get("variant"), "preset": self.cfg.get("preset"),
+            **accuracy_summary(self.rows),
             "comm_cost": self.comm, "cost_to_target": cost_to_target(self.rows, list(self.cfg.targets)),
             "bytes_up": self.bytes_up, "rounds_run": self.rows[-1]["round"] if self.rows else 0,
             "total_rounds": self.total, "wall_time_s": time.time() - self.t0,
