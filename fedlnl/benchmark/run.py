@@ -28,7 +28,7 @@ from fedlnl.benchmark import resolvers  # noqa: F401  (registers ${fidelity:...}
 from fedlnl.benchmark.logging import JsonlSink, Sinks, WandbSink, write_json_atomic
 from fedlnl.benchmark.metrics import OracleScorer, accuracy_summary, cost_to_target
 from fedlnl.benchmark.validate import ConfigError, validate
-from fedlnl.datasets.federation import build_federation, federation_stats
+from fedlnl.datasets.federation import build_federation, federation_stats, load_source
 from fedlnl.methods import engine
 from fedlnl.methods.protocol import ALL_CLIENTS, ClientView, FederationInfo, RoundContext
 
@@ -84,8 +84,11 @@ class Runner:
     def prepare(self) -> None:
         cfg = self.cfg
         self.device = resolve_device(str(cfg.device))
-        self.fed = build_federation(cfg.dataset, cfg.partition, cfg.noise, cfg.fl.num_clients, cfg.seed)
-        validate(cfg, num_train=int(self.fed.source.x_train.shape[0]))
+        validate(cfg, num_train=int(load_source(cfg.dataset).y_train.shape[0]))
+        try:
+            self.fed = build_federation(cfg.dataset, cfg.partition, cfg.noise, cfg.fl.num_clients, cfg.seed)
+        except ValueError as err:  # partition/noise settings the data cannot satisfy
+            raise ConfigError(str(err).splitlines()[0]) from err
         src = self.fed.source
         self.train = engine.TensorData.build(src.x_train, src.mean, src.std, src.augment, self.device)
         self.test = engine.TensorData.build(src.x_test, src.mean, src.std, None, self.device)
