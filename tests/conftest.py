@@ -5,10 +5,14 @@ import os
 from pathlib import Path
 
 import pytest
+import torch
 from hydra import compose, initialize_config_module
 from hydra.core.global_hydra import GlobalHydra
 
 from fedlnl.benchmark import resolvers  # noqa: F401  (registers ${fidelity:...})
+
+# Tiny models on 2 cores shared by pytest-xdist workers: one intra-op thread per worker is fastest.
+torch.set_num_threads(1)
 
 REPO = Path(__file__).resolve().parents[1]
 CONF = REPO / "fedlnl" / "conf"

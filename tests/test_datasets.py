@@ -227,14 +227,15 @@ def test_federation_streams_and_memo_copies():
     y = fed.source.y_train.numpy()
     clients = iid(len(y), 7, np.random.default_rng([5, 1]))
     labels, _ = add_noise(y, clients, 10, np.random.default_rng([5, 2]),
-                            **{k: v for k, v in cfg.noise.items() if k != "rho_tau"})
+                            **{k: v for k, v in cfg.noise.items() if k not in ("rho_tau", "fidelity")})
     assert torch.equal(fed.labels, labels)
     fed.labels[:] = 0  # a runner relabelling in place must not touch the memo
     assert torch.equal(build(cfg, num_clients=7, seed=5).labels, labels)
 
 
 def test_federation_reference_fidelity_and_stats():
-    cfg = compose(fidelity="reference", noise__rho=0.6, noise__tau=0.2)
+    cfg = compose(noise__fidelity="reference", noise__rho=0.6, noise__tau=0.2)
+    assert compose(fidelity="reference").noise.count == "exact"  # a method's fidelity keeps the federation
     fed = build(cfg, num_clients=8, seed=0)
     assert fed.meta["noise"] == {
         "kind": "symmetric", "rho": 0.6, "tau": 0.2, "count": "bernoulli", "label_range": "first10",

@@ -10,6 +10,7 @@ from matplotlib import colormaps
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
+from matplotlib.ticker import MaxNLocator
 
 PALETTE = "tab10"
 
@@ -48,3 +49,231 @@ def plot_acc_vs_cost(curves: dict, path: str | Path) -> Path:
     fig.legend(handles=handles, loc="outside right upper", fontsize=9)
     fig.savefig(path, dpi=120)
     return Path(path)
+
+
+# ---------------------------------------------------------------- per-run figures (FedCorr Figs. 3-10)
+
+
+def _single(ncols: int = 1, size: tuple[float, float] = (5.2, 3.8)):
+    fig = Figure(figsize=(size[0] * ncols, size[1]), layout="constrained")
+    FigureCanvasAgg(fig)
+    return fig, fig.subplots(1, ncols, squeeze=False)[0]
+
+
+def _save(fig: Figure, path: str | Path, title: str) -> Path:
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.savefig(path, dpi=120)
+    return Path(path)
+
+
+def stage_spans(cost: np.ndarray, stages: list) -> list[tuple[str, float, float]]:
+    """Consecutive runs of the same stage name as (name, first cost, last cost)."""
+    spans: list[list] = []
+    for c, s in zip(cost, stages):
+        if s is None or (isinstance(s, float) and math.isnan(s)):
+            continue
+        if spans and spans[-1][0] == s:
+            spans[-1][2] = c
+        else:
+            spans.append([s, c, c])
+    return [(str(s), float(a), float(b)) for s, a, b in spans]
+
+
+def plot_run_curve(cost, acc, stages, path: str | Path, title: str = "") -> Path:
+    """Test accuracy (%) vs communication cost of one run, each training stage shaded and named
+    at the top, with a dashed line where a stage starts (FedCorr Fig. 9)."""
+    cost, acc = np.asarray(cost, float), np.asarray(acc, float)
+    fig, (ax,) = _single(size=(6.4, 3.8))
+    spans = stage_spans(cost, list(stages)) if stages is not None else []
+    shade = colormaps["Pastel1"]
+    for i, (name, start, end) in enumerate(spans):
+        left = spans[i - 1][2] if i else min(start, 0.0)  # a stage begins where the previous ended
+        ax.axvspan(left, end, color=shade(i % shade.N), alpha=0.5, lw=0)
+        if i:
+            ax.axvline(left, color="0.4", ls="--", lw=0.8)
+        ax.text((left + end) / 2, 1.0, name, transform=ax.get_xaxis_transform(), ha="center", va="bottom",
+                fontsize=8)
+    ax.plot(cost, acc, color="C0", lw=1.3, marker="." if len(cost) < 60 else None, label="global model")
+    if len(acc):
+        best = int(np.nanargmax(acc))
+        ax.plot(cost[best], acc[best], "r*", ms=9, label=f"best {acc[best]:.2f}%")
+    ax.set_xlabel("communication cost (client participations)")
+    ax.set_ylabel("test accuracy (%)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="best")
+    return _save(fig, path, title)
+
+
+def _flat(values) -> np.ndarray:
+    return np.asarray(values, dtype=float).reshape(-1)
+
+
+def gmm_density(x: np.ndarray, gmm: dict) -> tuple[np.ndarray, np.ndarray]:
+    """(mixture density, per-component weighted densities [K, len(x)]) of a 1-D GMM whose means,
+    variances and weights may come in sklearn's shapes ((K, 1), (K, 1, 1), ...)."""
+    means, var, weights = _flat(gmm["means"]), _flat(gmm["variances"]), _flat(gmm["weights"])
+    comp = weights[:, None] * np.exp(-((x[None, :] - means[:, None]) ** 2) / (2 * var[:, None]))
+    comp /= np.sqrt(2 * np.pi * var[:, None])
+    return comp.sum(axis=0), comp
+
+
+def _lid_histogram(ax, lid: np.ndarray, gmm: dict | None, truth, title: str, legend: bool = True) -> None:
+    """Histogram of cumulative LID scores (stacked by the true clean/noisy clients when known)
+    with the GMM's mixture density and its two weighted components."""
+    finite = lid[np.isfinite(lid)]
+    bins = np.histogram_bin_edges(finite, bins=min(30, max(5, len(finite) // 3)))
+    if truth is not None and len(truth) == len(lid):
+        clean, noisy = lid[~truth], lid[truth]
+        ax.hist([clean[np.isfinite(clean)], noisy[np.isfinite(noisy)]], bins=bins, density=True, stacked=True,
+                alpha=0.7, color=["C0", "C3"], label=["clean clients (truth)", "noisy clients (truth)"])
+    else:
+        ax.hist(finite, bins=bins, density=True, alpha=0.7, color="0.6", label="clients")
+    if gmm:
+        width = bins[-1] - bins[0]
+        grid = np.linspace(bins[0] - 0.1 * width, bins[-1] + 0.1 * width, 400)
+        total, comp = gmm_density(grid, gmm)
+        ax.plot(grid, total, color="k", lw=1.5, label="GMM density")
+        for k, c in enumerate(comp):
+            ax.plot(grid, c, color="k", lw=0.8, ls=":", label="GMM components" if k == 0 else None)
+    ax.set_xlabel("cumulative LID score")
+    ax.set_ylabel("density")
+    ax.set_title(title, fontsize=9)
+    if legend:
+        ax.legend(fontsize=7)
+
+
+def _truth(truth) -> np.ndarray | None:
+    return np.asarray(truth, dtype=bool) if truth is not None else None
+
+
+def plot_lid_gmm(cumulative_lid, gmm: dict | None, predicted, truth, true_rate, path: str | Path,
+                 title: str = "", iteration=None) -> Path:
+    """Cumulative LID scores of the clients with the fitted two-component GMM (FedCorr Figs. 3, 6):
+    left, their distribution split by the true clean/noisy clients with the GMM density; right,
+    each client's score against its true noise level, coloured by the method's decision."""
+    lid, truth = _flat(cumulative_lid), _truth(truth)
+    fig, (left, right) = _single(2)
+    _lid_histogram(left, lid, gmm, truth,
+                   "distribution" + (f" after iteration {iteration}" if iteration is not None else ""))
+    rate = _flat(true_rate) if true_rate is not None else np.full(len(lid), np.nan)
+    pred = np.asarray(predicted, dtype=bool) if predicted is not None else None
+    if pred is not None and len(pred) == len(lid):
+        for flag, color, name in ((False, "C0", "identified clean"), (True, "C3", "identified noisy")):
+            m = pred == flag
+            right.scatter(rate[m], lid[m], s=14, color=color, label=name, alpha=0.8)
+        right.legend(fontsize=7)
+    else:
+        right.scatter(rate, lid, s=14, color="0.3")
+    right.set_xlabel("true noise level of the client")
+    right.set_ylabel("cumulative LID score")
+    right.set_title("per client", fontsize=9)
+    right.grid(alpha=0.3)
+    return _save(fig, path, title)
+
+
+def plot_lid_iterations(records: list[dict], truth, path: str | Path, title: str = "") -> Path:
+    """The cumulative LID distribution and its GMM after each iteration, one panel per iteration
+    (``records``: dicts with ``iteration``, ``cumulative_lid`` and ``gmm``)."""
+    truth = _truth(truth)
+    ncols = min(len(records), 4)
+    nrows = math.ceil(len(records) / ncols)
+    fig = Figure(figsize=(3.6 * ncols, 2.9 * nrows), layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(nrows, ncols, squeeze=False).flat
+    for i, (ax, rec) in enumerate(zip(axes, records)):
+        lid = np.array([np.nan if v is None else v for v in rec["cumulative_lid"]], dtype=float)
+        _lid_histogram(ax, lid, rec.get("gmm"), truth, f"iteration {rec.get('iteration', i + 1)}", legend=i == 0)
+    for ax in axes[len(records):]:
+        ax.set_visible(False)
+    return _save(fig, path, title)
+
+
+def plot_noise_estimation(true_rate, mu_hat, flagged, path: str | Path, title: str = "") -> Path:
+    """Estimated vs true noise level per client (FedCorr Fig. 7): left, clients sorted by their true
+    level (bars) with the estimate (dots; crosses = flagged noisy); right, estimate vs truth."""
+    true = _flat(true_rate)
+    est = np.array([np.nan if v is None else float(v) for v in mu_hat])
+    flag = np.array([bool(v) for v in flagged]) if flagged is not None else np.zeros(len(true), bool)
+    order = np.argsort(np.nan_to_num(true, nan=-1.0), kind="stable")
+    fig, (left, right) = _single(2)
+    x = np.arange(len(true))
+    left.bar(x, true[order], color="0.75", width=0.9, label="true noise level")
+    left.scatter(x, est[order], s=10, color="C3", label="estimated $\\hat{\\mu}_k$", zorder=3)
+    if flag.any():
+        left.scatter(x[flag[order]], np.full(int(flag.sum()), -0.04), marker="x", s=12, color="k",
+                     label="flagged noisy", clip_on=False)
+    left.set_xlabel("client (sorted by true noise level)")
+    left.xaxis.set_major_locator(MaxNLocator(integer=True))
+    left.set_ylabel("noise level")
+    left.set_ylim(-0.07, 1.0)
+    left.legend(fontsize=7, loc="upper left")
+    known = np.isfinite(est) & np.isfinite(true)
+    right.scatter(true[known], est[known], s=12, color="C3")
+    right.plot([0, 1], [0, 1], color="0.4", ls="--", lw=0.8, label="estimate = truth")
+    mae = float(np.mean(np.abs(est[known] - true[known]))) if known.any() else float("nan")
+    right.set_title(f"{int(known.sum())} clients estimated, MAE {mae:.3f}", fontsize=9)
+    right.set_xlabel("true noise level")
+    right.set_ylabel("estimated noise level")
+    right.set_xlim(-0.02, 1.02)
+    right.set_ylim(-0.02, 1.02)
+    right.grid(alpha=0.3)
+    right.legend(fontsize=7, loc="upper left")
+    return _save(fig, path, title)
+
+
+def plot_partition(class_counts, path: str | Path, title: str = "") -> Path:
+    """Samples per class held by each client (FedCorr Fig. 10): a dot per (client, class) whose
+    area is proportional to the count; the bar on top gives each client's size."""
+    counts = np.asarray(class_counts, dtype=float)
+    n, m = counts.shape
+    fig = Figure(figsize=(min(3.0 + 0.09 * n, 16.0), 1.6 + min(0.3 * m, 9.0)), layout="constrained")
+    FigureCanvasAgg(fig)
+    top, ax = fig.subplots(2, 1, sharex=True, height_ratios=[1, 4])
+    top.bar(np.arange(n), counts.sum(axis=1), color="0.5", width=0.8)
+    top.set_ylabel("samples")
+    cx, cy = np.nonzero(counts)
+    ax.scatter(cx, cy, s=120.0 * counts[cx, cy] / max(counts.max(), 1.0), color="C0", alpha=0.7)
+    ax.set_xlabel("client")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_ylabel("class")
+    ax.set_yticks(np.arange(m) if m <= 20 else np.linspace(0, m - 1, 11).round().astype(int))
+    ax.set_ylim(-0.7, m - 0.3)
+    ax.set_xlim(-0.7, n - 0.3)
+    ax.grid(alpha=0.2)
+    biggest = int(counts.max()) if counts.size else 0
+    for value in sorted({max(biggest // 4, 1), max(biggest, 1)}):
+        ax.scatter([], [], s=120.0 * value / max(biggest, 1), color="C0", alpha=0.7, label=f"{value} samples")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
+    return _save(fig, path, title or "class distribution per client")
+
+
+def plot_confusion(before, after, path: str | Path, title: str = "") -> Path:
+    """Observed vs clean labels before and after the method's corrections (FedCorr Fig. 8), each row
+    normalised to % of that clean class; numbers printed when there are at most 15 classes. One
+    panel when nothing was corrected."""
+    mats = [np.asarray(m, dtype=float) for m in (before, after)]
+    names = ["before correction", "after correction"]
+    if np.array_equal(mats[0], mats[1]):  # the method corrected nothing: one panel
+        mats, names = mats[:1], ["observed labels (no corrections)"]
+    fig, axes = _single(len(mats), size=(4.6, 4.2))
+    m = mats[0].shape[0]
+    image = None
+    for ax, mat, name in zip(axes, mats, names):
+        rows = mat.sum(axis=1, keepdims=True)
+        pct = 100.0 * np.divide(mat, rows, out=np.zeros_like(mat), where=rows > 0)
+        noise = 100.0 * (1.0 - np.trace(mat) / mat.sum()) if mat.sum() else float("nan")
+        image = ax.imshow(pct, cmap="Blues", vmin=0, vmax=100)
+        ax.set_title(f"{name}: {noise:.2f}% noisy labels", fontsize=9)
+        ax.set_xlabel("observed label")
+        ax.set_ylabel("clean label")
+        if m <= 15:
+            ax.set_xticks(np.arange(m))
+            ax.set_yticks(np.arange(m))
+            for i in range(m):
+                for j in range(m):
+                    if pct[i, j] >= 0.5:
+                        ax.text(j, i, f"{pct[i, j]:.0f}", ha="center", va="center", fontsize=6,
+                                color="white" if pct[i, j] > 60 else "black")
+    fig.colorbar(image, ax=list(axes), shrink=0.8, label="% of the clean class")
+    return _save(fig, path, title)

@@ -22,8 +22,35 @@ to each accuracy target, as means over the complete seeds; a target is averaged 
 reached it ("[k/n]" when not all did) and is "-" when none did. ``--ratio-to METHOD`` adds the ratio
 to that row's value in the same column, as FedCorr prints in brackets.
 
+Ablations: a run with ``variant`` set (e.g. ``variant="w/o correction"``) is its own row,
+"method (variant)"; ``--ratio-to`` and the reference numbers use the bare method name plus variant.
+
+Paper numbers: when the summaries carry ``preset`` (paper presets set it) the report reads
+``results/reference/<preset>.csv`` (looked up in the current directory, then in the repository;
+``--reference FILE`` picks a file instead), long format with values in %::
+
+    method,variant,dataset,model,partition,rho,tau,p,alpha,target,metric,mean,std,source
+
+(``metric`` best_acc, or cost_to_target with ``target`` = ζ as a fraction or in %; an empty key is
+a wildcard, except ``variant``: empty = the plain method; an empty ``mean`` of a cost = never
+reached, "-"; dataset ``cifar10`` also matches our ``cifar10_jpeg``). Each cell then shows the paper
+value beside ours with Δ = ours − paper (percentage points for accuracy, participations for
+costs) in accuracy.{md,csv,tex} and comm.{md,csv}. Every cell of the reference grid without any
+run is added to the tables as "missing" and listed ("not run") so a partial sweep shows what is
+left to run.
+
+Figures (``--figures``): ``summary`` (default) draws acc_vs_cost.png and, for one representative
+run (lowest seed) of every table cell, the per-run figures in DIR/report/runs/<row>_<column>_seed<k>/:
+curve.png (test accuracy vs communication cost with the training stages, FedCorr Fig. 9),
+lid_gmm.png (cumulative LID scores and the fitted GMM, Figs. 3 and 6; methods that record
+``lid``), lid_iterations.png (the same after each iteration, from ``lid/iter<t>``), noise_estimation.png (estimated vs true noise level per client, Fig. 7; methods that
+report mu_hat), partition.png (class counts per client, Fig. 10), confusion.png (labels before
+and after correction, Fig. 8). ``all`` draws them for every complete run, ``none`` draws nothing.
+They come from each run's metrics.jsonl and diagnostics.json alone (no W&B).
+
 Outputs in DIR/report: accuracy.{md,csv,tex}, comm.{md,csv} (csv in long form, mean and std in %),
-acc_vs_cost.png (mean test accuracy over seeds vs communication cost, one subplot per column).
+acc_vs_cost.png (mean test accuracy over seeds vs communication cost, one subplot per column),
+runs/*/*.png.
 """
 from __future__ import annotations
 
@@ -31,7 +58,8 @@ import argparse
 import json
 import logging
 import math
-from collections.abc import Sequence
+import re
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -39,6 +67,7 @@ import pandas as pd
 from omegaconf import OmegaConf
 
 from fedlnl.benchmark import resolvers  # noqa: F401 (${fidelity:...} in Hydra configs)
+from fedlnl.benchmark import plots
 from fedlnl.benchmark.plots import plot_acc_vs_cost
 
 log = logging.getLogger(__name__)
@@ -48,6 +77,13 @@ METRICS = ("best_acc", "final_acc", "last10_acc")
 COMPLETE_KEYS = ("best_acc", "final_acc", "last10_acc", "comm_cost")
 RUN_FILES = ("summary.json", "metrics.jsonl")
 MISSING = "missing"
+NOT_RUN = "not run"  # status of a placeholder: a cell of the reference grid without any run
+REF_KEYS = ("method", "variant", "dataset", "model", "partition", "rho", "tau", "p", "alpha")
+REF_COLUMNS = (*REF_KEYS, "target", "metric", "mean", "std", "source")
+#: our dataset name -> the paper's, for matching reference rows (the JPEG copy of CIFAR-10)
+DATASET_ALIASES = {"cifar10_jpeg": "cifar10"}
+REPO = Path(__file__).resolve().parents[2]
+FIGURE_MODES = ("none", "summary", "all")
 
 
 # ---------------------------------------------------------------- loading
@@ -65,7 +101,23 @@ def load_summaries(root: str | Path) -> pd.DataFrame:
     for key in SETTING_KEYS:
         if f"setting.{key}" in frame and key not in frame:
             frame[key] = frame[f"setting.{key}"]
+    return _with_variants(frame)
+
+
+def _with_variants(frame: pd.DataFrame) -> pd.DataFrame:
+    """``base_method`` keeps the method's name; ``method`` becomes "method (variant)" for runs of
+    an ablation variant, so they form their own rows (and never pool with the plain method)."""
+    frame["base_method"] = frame["method"]
+    if "variant" in frame:
+        frame["method"] = [row_label(m, v) for m, v in zip(frame["method"], frame["variant"])]
     return frame
+
+
+def row_label(method, variant) -> str:
+    variant = _canon(variant)
+    if variant in (None, "") or _canon(method) is None:
+        return method
+    return f"{method} ({variant})"
 
 
 def _run_dirs(root: Path) -> list[Path]:
@@ -118,7 +170,7 @@ def _hydra_record(hydra_dir: Path) -> dict:
     setting = setting_of(cfg)
     return {"method": choices.get("method"), "model": choices.get("model"),
             "dataset": setting.get("dataset"), "seed": cfg.get("seed"), "setting": setting,
-            "config": _container(cfg)}
+            "variant": cfg.get("variant"), "preset": cfg.get("preset"), "config": _container(cfg)}
 
 
 def _container(cfg) -> dict:
@@ -270,22 +322,29 @@ def _complete(cell: pd.DataFrame) -> pd.DataFrame:
 
 
 def accuracy_table(
-    frame: pd.DataFrame, rows: str = "method", by: Sequence[str] = (), metric: str = "best_acc"
+    frame: pd.DataFrame, rows: str = "method", by: Sequence[str] = (), metric: str = "best_acc",
+    reference: pd.DataFrame | None = None,
 ) -> pd.DataFrame:
     """Long form: one line per (row, column) cell with mean, std (ddof=0) in %, n complete runs
-    and n_incomplete (failed, diverged, partial or missing runs)."""
+    and n_incomplete (failed, diverged, partial or missing runs); with ``reference``, also the
+    paper's mean and std (paper_mean, paper_std, paper_source) and diff = mean − paper_mean."""
     runs, columns, keys = with_columns(frame, rows, by)
     lines = []
     for row, column, key_values, cell in _cells(runs, rows, columns, keys):
         done = _complete(cell)
         _warn_duplicate_seeds(done, row, column)
         values = 100.0 * done.get(metric, pd.Series(dtype=float)).astype(float).to_numpy()
-        lines.append({rows: row, "column": column, **key_values, "metric": metric,
-                      "mean": values.mean() if len(values) else np.nan,
-                      "std": values.std(ddof=0) if len(values) else np.nan,
-                      "n": len(values), "n_incomplete": len(cell) - len(done)})
+        line = {rows: row, "column": column, **key_values, "metric": metric,
+                "mean": values.mean() if len(values) else np.nan,
+                "std": values.std(ddof=0) if len(values) else np.nan,
+                "n": len(values), "n_incomplete": int((~cell["status"].isin(["complete", NOT_RUN])).sum())}
+        if reference is not None:
+            line.update(paper_value(reference, cell_identity(runs, rows, row, column), metric))
+            line["diff"] = line["mean"] - line["paper_mean"]
+        lines.append(line)
+    paper = ["paper_mean", "paper_std", "diff", "paper_source"] if reference is not None else []
     return pd.DataFrame(lines, columns=[rows, "column", *keys, "metric", "mean", "std", "n",
-                                        "n_incomplete"])
+                                        "n_incomplete", *paper])
 
 
 def _warn_duplicate_seeds(done: pd.DataFrame, row, column: str) -> None:
@@ -293,17 +352,24 @@ def _warn_duplicate_seeds(done: pd.DataFrame, row, column: str) -> None:
         log.warning("%s / %s: several complete runs share a seed; all are averaged", row, column)
 
 
-def accuracy_cell(mean: float, std: float, n: int, n_incomplete: int) -> str:
+def accuracy_cell(mean: float, std: float, n: int, n_incomplete: int, paper_mean: float = np.nan,
+                  paper_std: float = np.nan) -> str:
     extra = f", {n_incomplete} incomplete" if n_incomplete else ""
     if n == 0:
-        return MISSING + (f" ({n_incomplete} incomplete)" if n_incomplete else "")
-    return f"{mean:.2f} ± {std:.2f} (n={n}{extra})"
+        text = MISSING + (f" ({n_incomplete} incomplete)" if n_incomplete else "")
+    else:
+        text = f"{mean:.2f} ± {std:.2f} (n={n}{extra})"
+    if _canon(paper_mean) is None:
+        return text
+    text += f"; paper {paper_mean:.2f}" + (f" ± {paper_std:.2f}" if _canon(paper_std) is not None else "")
+    return text + (f", Δ {mean - paper_mean:+.2f}" if n else "")
 
 
 def accuracy_grid(table: pd.DataFrame, rows: str) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(cell texts, bold mask) with rows x columns; bold = best printed mean of each column."""
+    fields = ["mean", "std", "n", "n_incomplete"] + (["paper_mean", "paper_std"] if "paper_mean" in table else [])
     table = table.assign(
-        text=[accuracy_cell(*v) for v in _tuples(table, "mean", "std", "n", "n_incomplete")],
+        text=[accuracy_cell(*v) for v in _tuples(table, *fields)],
         shown=table["mean"].round(2),
     )
     best = table.groupby("column", sort=False)["shown"].transform("max")
@@ -326,11 +392,14 @@ def _pivot(table: pd.DataFrame, rows: str, value: str) -> pd.DataFrame:
 
 
 def comm_table(
-    frame: pd.DataFrame, rows: str = "method", by: Sequence[str] = (), ratio_to=None
+    frame: pd.DataFrame, rows: str = "method", by: Sequence[str] = (), ratio_to=None,
+    reference: pd.DataFrame | None = None,
 ) -> pd.DataFrame:
     """Long form: per cell the mean total cost (``quantity`` total) and the mean cost to each
     target (``quantity`` cost_to_target, ``target`` as in the summaries), over complete seeds;
-    ``ratio`` to the ``ratio_to`` row of the same column when given."""
+    ``ratio`` to the ``ratio_to`` row of the same column when given. With ``reference``: the
+    paper's cost to each target (``paper``: the number, "-" = never reached, "" = not in the
+    reference), paper_mean, paper_ratio and diff = mean − paper_mean."""
     runs, columns, keys = with_columns(frame, rows, by)
     targets = _targets(_complete(runs))
     lines = []
@@ -339,14 +408,32 @@ def comm_table(
         base = {rows: row, "column": column, **key_values, "n": len(done)}
         total = _mean_reached(done.get("comm_cost", []))
         lines.append({**base, "quantity": "total", "target": "", **total})
+        ident = cell_identity(runs, rows, row, column) if reference is not None else None
         for target in targets:
             reached = [c.get(target) if isinstance(c, dict) else None
                        for c in done.get("cost_to_target", [])]
-            lines.append({**base, "quantity": "cost_to_target", "target": target,
-                          **_mean_reached(pd.Series(reached, dtype=object))})
+            line = {**base, "quantity": "cost_to_target", "target": target,
+                    **_mean_reached(pd.Series(reached, dtype=object))}
+            if reference is not None and isinstance(_as_float(target), float):
+                line.update(_paper_cost(reference, ident, _as_float(target)))
+            lines.append(line)
+    paper = ["paper", "paper_mean"] if reference is not None else []
     table = pd.DataFrame(lines, columns=[rows, "column", *keys, "quantity", "target", "mean",
-                                         "n_reached", "n"])
-    return _with_ratio(table, rows, ratio_to)
+                                         "n_reached", "n", *paper])
+    table = _with_ratio(table, rows, ratio_to)
+    if reference is not None:
+        table["paper"] = table["paper"].fillna("")
+        table["diff"] = table["mean"].astype(float) - table["paper_mean"].astype(float)
+        table["paper_ratio"] = _ratio(table, rows, ratio_to, "paper_mean")
+    return table
+
+
+def _paper_cost(reference: pd.DataFrame, ident: dict, target: float) -> dict:
+    hit = reference_row(reference, ident, "cost_to_target", target)
+    if hit is None:
+        return {"paper": "", "paper_mean": np.nan}
+    mean = hit["mean"]
+    return {"paper": "-" if math.isnan(mean) else _fmt_cost(mean), "paper_mean": mean}
 
 
 def _targets(done: pd.DataFrame) -> list[str]:
@@ -370,36 +457,55 @@ def _with_ratio(table: pd.DataFrame, rows: str, ratio_to) -> pd.DataFrame:
     table = table.assign(ratio=np.nan)
     if ratio_to is None:
         return table
-    reference = table[table[rows] == ratio_to]
-    if reference.empty:
+    if not (table[rows] == ratio_to).any():
         log.warning("--ratio-to %s: no such %s; no ratios", ratio_to, rows)
         return table
-    ref = reference.set_index(["column", "quantity", "target"])["mean"]
-    index = pd.MultiIndex.from_frame(table[["column", "quantity", "target"]])
-    table["ratio"] = table["mean"].to_numpy() / ref.reindex(index).to_numpy()
+    table["ratio"] = _ratio(table, rows, ratio_to, "mean")
     return table
+
+
+def _ratio(table: pd.DataFrame, rows: str, ratio_to, value: str) -> np.ndarray:
+    """``value`` divided by the ``ratio_to`` row's ``value`` of the same column and quantity."""
+    if ratio_to is None or not (table[rows] == ratio_to).any():
+        return np.full(len(table), np.nan)
+    ref = table[table[rows] == ratio_to].set_index(["column", "quantity", "target"])[value]
+    index = pd.MultiIndex.from_frame(table[["column", "quantity", "target"]])
+    return table[value].to_numpy(float) / ref.reindex(index).to_numpy(float)
 
 
 def _fmt_cost(value: float) -> str:
     return f"{value:.0f}" if float(value).is_integer() else f"{value:.1f}"
 
 
-def comm_cell(mean: float, n_reached: int, n: int, ratio: float, is_reference: bool) -> str:
+def comm_cell(mean: float, n_reached: int, n: int, ratio: float, is_reference: bool, paper: str = "",
+              paper_ratio: float = np.nan) -> str:
     if n == 0:
-        return MISSING
-    if n_reached == 0:
-        return "-"
-    text = _fmt_cost(mean)
-    if not is_reference and not math.isnan(ratio):
-        text += f" ({ratio:.1f})"
-    return text + (f" [{n_reached}/{n}]" if n_reached < n else "")
+        text = MISSING
+    elif n_reached == 0:
+        text = "-"
+    else:
+        text = _fmt_cost(mean)
+        if not is_reference and not math.isnan(ratio):
+            text += f" ({ratio:.1f})"
+        text += f" [{n_reached}/{n}]" if n_reached < n else ""
+    if not paper:
+        return text
+    text += f"; paper {paper}"
+    if paper != "-" and not is_reference and not math.isnan(paper_ratio):
+        text += f" ({paper_ratio:.1f})"
+    if paper != "-" and n and n_reached:
+        text += f", Δ {mean - float(paper):+.0f}"
+    return text
 
 
 def comm_markdown(table: pd.DataFrame, rows: str, ratio_to=None) -> str:
     """Markdown: the total-cost table, then one table per accuracy target."""
+    if "paper" not in table:
+        table = table.assign(paper="", paper_ratio=np.nan)
     table = table.assign(text=[
-        comm_cell(m, k, n, r, row == ratio_to)
-        for m, k, n, r, row in _tuples(table, "mean", "n_reached", "n", "ratio", rows)
+        comm_cell(m, k, n, r, row == ratio_to, pp, pr)
+        for m, k, n, r, row, pp, pr in _tuples(table, "mean", "n_reached", "n", "ratio", rows, "paper",
+                                                 "paper_ratio")
     ])
     ratio = f" (ratio to {ratio_to} in brackets)" if ratio_to is not None else ""
     sections = []
@@ -409,6 +515,8 @@ def comm_markdown(table: pd.DataFrame, rows: str, ratio_to=None) -> str:
         text = _pivot(part, rows, "text")
         sections.append(f"### {title}{ratio}\n\n{to_markdown(text)}")
     note = "'-' = never reached; [k/n] = mean over the k of n seeds that reached it.\n"
+    if (table["paper"] != "").any():
+        note += "paper = the published cost (ratio to the same row); Δ = ours − paper.\n"
     return "\n".join(sections) + "\n" + note
 
 
@@ -436,7 +544,7 @@ LATEX_SPECIAL = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", 
 
 def latex_escape(text: str) -> str:
     escaped = "".join(LATEX_SPECIAL.get(ch, ch) for ch in str(text))
-    return escaped.replace("±", r"$\pm$")
+    return escaped.replace("±", r"$\pm$").replace("Δ", r"$\Delta$")
 
 
 def to_latex(text: pd.DataFrame, bold: pd.DataFrame | None = None, comment: str = "") -> str:
@@ -456,7 +564,7 @@ def to_latex(text: pd.DataFrame, bold: pd.DataFrame | None = None, comment: str 
 
 def incomplete_runs(frame: pd.DataFrame, rows: str) -> list[str]:
     """One line per run that is not complete: path, status and row value if known."""
-    bad = frame[frame["status"] != "complete"]
+    bad = frame[~frame["status"].isin(["complete", NOT_RUN])]
     return [f"- {r['path']}: {r['status']} ({rows}={_fmt(r.get(rows))})" for _, r in bad.iterrows()]
 
 
@@ -497,31 +605,330 @@ def mean_curve(series: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray,
     return grid, np.mean([np.interp(grid, x, y) for x, y in series], axis=0)
 
 
+# ---------------------------------------------------------------- paper reference numbers
+
+
+def reference_paths(frame: pd.DataFrame, explicit: str | Path | None = None) -> list[Path]:
+    """``explicit``, else ``results/reference/<preset>.csv`` for every preset of the summaries,
+    looked up in the current directory and then in the repository."""
+    if explicit is not None:
+        return [Path(explicit)]
+    presets = sorted({str(v) for v in frame.get("preset", []) if _canon(v) not in (None, "")})
+    found = []
+    for preset in presets:
+        places = [base / "results" / "reference" / f"{preset}.csv" for base in (Path.cwd(), REPO)]
+        hit = next((path for path in places if path.is_file()), None)
+        if hit is None:
+            log.warning("preset %s: no reference numbers (looked for %s)", preset,
+                        " and ".join(map(str, dict.fromkeys(places))))
+        else:
+            found.append(hit)
+    return found
+
+
+def load_reference(paths: Sequence[Path]) -> pd.DataFrame | None:
+    """The reference CSVs in one frame (keys as stripped text, numbers as floats, ``target`` as a
+    fraction); None when there are none."""
+    frames = [read_reference(path) for path in paths]
+    return pd.concat(frames, ignore_index=True) if frames else None
+
+
+def read_reference(path: Path) -> pd.DataFrame:
+    ref = pd.read_csv(path, dtype=str, keep_default_na=False)
+    lacking = [c for c in REF_COLUMNS if c not in ref]
+    if lacking:
+        raise ValueError(f"{path}: reference CSV lacks the columns {', '.join(lacking)} "
+                         f"(expected {','.join(REF_COLUMNS)})")
+    for column in ref:
+        ref[column] = ref[column].str.strip()
+    for column in ("rho", "tau", "p", "alpha", "target", "mean", "std"):
+        ref[column] = pd.to_numeric(ref[column], errors="coerce")  # "" and "-" -> NaN
+    ref["target"] = ref["target"].where(~(ref["target"] > 1), ref["target"] / 100.0)  # 80 -> 0.8
+    ref["file"] = str(path)
+    return ref
+
+
+def _text(value) -> str:
+    value = _canon(value)
+    return "" if value is None else str(value).strip().lower()
+
+
+def _norm(key: str, value) -> str:
+    text = _text(value)
+    if key == "dataset":
+        return DATASET_ALIASES.get(text, text)
+    if key == "partition":
+        return text.replace("-", "").replace("_", "")
+    return text
+
+
+def run_identity(run: Mapping) -> dict:
+    """The keys a reference row is matched on, from a run's flattened summary."""
+    ident = {k: _canon(run.get(k)) for k in REF_KEYS}
+    ident["method"] = _canon(run.get("base_method", run.get("method")))
+    return ident
+
+
+def matches(ref_row: Mapping, ident: Mapping) -> bool:
+    """Whether a reference row describes this cell: method and variant must be equal (an empty
+    variant is the plain method); an empty dataset, model, partition or number is a wildcard."""
+    for key in ("method", "variant"):
+        if _text(ref_row[key]) != _text(ident.get(key)):
+            return False
+    for key in ("dataset", "model", "partition"):
+        theirs, ours = _norm(key, ref_row[key]), _norm(key, ident.get(key))
+        if theirs and ours and theirs != ours:
+            return False
+    for key in ("rho", "tau", "p", "alpha"):
+        theirs, ours = ref_row[key], _canon(ident.get(key))
+        if _canon(theirs) is None:
+            continue
+        if not isinstance(ours, (int, float)) or abs(float(ours) - float(theirs)) > 1e-9:
+            return False
+    return True
+
+
+def reference_row(reference: pd.DataFrame, ident: Mapping, metric: str, target: float | None = None):
+    """The first reference row for this cell and metric (and target), or None."""
+    rows = reference[reference["metric"] == metric]
+    if target is not None:
+        rows = rows[np.isclose(rows["target"].astype(float), target)]
+    hits = [row for _, row in rows.iterrows() if matches(row, ident)]
+    if len({(_canon(h["mean"]), _canon(h["std"])) for h in hits}) > 1:
+        log.warning("several reference values for %s %s; using the first (%s)", ident.get("method"),
+                    metric, hits[0]["source"])
+    return hits[0] if hits else None
+
+
+def paper_value(reference: pd.DataFrame, ident: Mapping, metric: str) -> dict:
+    hit = reference_row(reference, ident, metric)
+    if hit is None:
+        return {"paper_mean": np.nan, "paper_std": np.nan, "paper_source": ""}
+    return {"paper_mean": hit["mean"], "paper_std": hit["std"], "paper_source": hit["source"]}
+
+
+def cell_identity(runs: pd.DataFrame, rows: str, row, column: str) -> dict:
+    """Identity of a table cell: a run of the cell, or for an empty cell a run of its column
+    with the row's own keys (method and variant when the rows are methods)."""
+    same_row = runs[rows].map(_canon) == row
+    in_column = runs["column"] == column
+    cell = runs[same_row & in_column]
+    if len(cell):
+        return run_identity(cell.iloc[0])
+    ident = run_identity(runs[in_column].iloc[0])
+    row_run = runs[same_row].iloc[0]
+    if rows == "method":
+        ident.update(method=_canon(row_run.get("base_method")), variant=_canon(row_run.get("variant")))
+    elif rows in ident:
+        ident[rows] = _canon(row_run.get(rows))
+    return ident
+
+
+def add_missing_cells(frame: pd.DataFrame, reference: pd.DataFrame | None) -> pd.DataFrame:
+    """Append a ``not run`` placeholder for every cell of the reference grid that no run (of any
+    status) matches, so the tables show it as missing."""
+    if reference is None or frame.empty:
+        return frame
+    idents = [run_identity(run) for _, run in frame.iterrows()]
+    cells = reference.drop_duplicates(subset=list(REF_KEYS))
+    extra = [_placeholder(frame, cell) for _, cell in cells.iterrows()
+             if not any(matches(cell, ident) for ident in idents)]
+    if not extra:
+        return frame
+    return pd.concat([frame, pd.DataFrame(extra, dtype=object)], ignore_index=True)
+
+
+def _placeholder(frame: pd.DataFrame, cell: pd.Series) -> dict:
+    """A run record for a reference cell without runs: a run of the same dataset (else the first)
+    as template for every other key, with the cell's keys (empty ones kept from the template)."""
+    datasets = frame["dataset"] if "dataset" in frame else pd.Series([None] * len(frame), index=frame.index)
+    same = frame[[_norm("dataset", d) == _norm("dataset", cell["dataset"]) for d in datasets]]
+    template = (same if len(same) else frame).iloc[0].to_dict()
+    record = {k: v for k, v in template.items() if k not in (*COMPLETE_KEYS, "cost_to_target", "seed")}
+    record.update(status=NOT_RUN, path="", base_method=cell["method"], variant=cell["variant"] or None)
+    record["method"] = row_label(cell["method"], record["variant"])
+    if cell["dataset"] and _norm("dataset", template.get("dataset")) != _norm("dataset", cell["dataset"]):
+        record["dataset"] = record["setting.dataset"] = cell["dataset"]
+    if cell["model"]:
+        record["model"] = cell["model"]
+    if cell["partition"]:
+        part = "noniid" if _norm("partition", cell["partition"]) == "noniid" else _text(cell["partition"])
+        record["partition"] = record["setting.partition"] = part
+    for key in ("rho", "tau", "p", "alpha"):
+        if _canon(cell[key]) is not None:
+            record[key] = record[f"setting.{key}"] = float(cell[key])
+        elif key in ("p", "alpha") and record.get("partition") == "iid":
+            record[key] = record[f"setting.{key}"] = None
+    return record
+
+
+def missing_cells(frame: pd.DataFrame, rows: str, by: Sequence[str] = ()) -> list[str]:
+    """'row / column' of every placeholder (a reference cell without any run)."""
+    runs, _, _ = with_columns(frame, rows, by)
+    todo = runs[runs["status"] == NOT_RUN]
+    return [f"- {_fmt(r[rows])} / {r['column']}" for _, r in todo.iterrows()]
+
+
+def reference_note(reference: pd.DataFrame) -> str:
+    files = ", ".join(dict.fromkeys(reference["file"]))
+    sources = ", ".join(s for s in dict.fromkeys(reference["source"]) if s)
+    return (f"Paper values from {files}" + (f" ({sources})" if sources else "")
+            + "; Δ = ours − paper, in percentage points.")
+
+
+# ---------------------------------------------------------------- per-run figures
+
+
+def figure_runs(frame: pd.DataFrame, rows: str, by: Sequence[str], mode: str) -> list[tuple[Path, str, str]]:
+    """(run dir, folder name, title) of the runs to draw: ``all`` complete runs, or for
+    ``summary`` the lowest-seed complete run of every (row, column) cell."""
+    if mode == "none":
+        return []
+    runs, columns, _ = with_columns(frame, rows, by)
+    runs = _complete(runs)
+    runs = runs.assign(_seed=[_sort_key(s) for s in runs.get("seed", [None] * len(runs))])
+    runs = runs.sort_values(["_seed", "path"], kind="stable")
+    if mode == "summary":
+        runs = runs.drop_duplicates(subset=[rows, "column"], keep="first")
+    out = []
+    for column in columns:
+        for _, run in runs[runs["column"] == column].iterrows():
+            seed = _fmt(run.get("seed"))
+            name = "_".join(_slug(part) for part in (_fmt(run[rows]), column, f"seed{seed}"))
+            out.append((Path(run["path"]), name, f"{_fmt(run[rows])}, {column}, seed {seed}"))
+    return out
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^\w.=+-]+", "_", text).strip("_")
+
+
+def run_figures(run_dir: Path, out: Path, title: str) -> list[Path]:
+    """Every figure the files of one run allow (see the module docstring), into ``out``."""
+    out.mkdir(parents=True, exist_ok=True)
+    made = []
+    metrics_path, diag_path = run_dir / "metrics.jsonl", run_dir / "diagnostics.json"
+    metrics = read_metrics(metrics_path) if metrics_path.exists() else None
+    diag = {}
+    if diag_path.exists():
+        try:
+            diag = json.loads(diag_path.read_text())
+        except ValueError as err:
+            log.warning("skipping unreadable %s: %s", diag_path, err)
+    for name, draw in (("curve", _draw_curve), ("lid_gmm", _draw_lid), ("lid_iterations", _draw_lid_iterations),
+                       ("noise_estimation", _draw_noise), ("partition", _draw_partition),
+                       ("confusion", _draw_confusion)):
+        try:
+            path = draw(metrics, diag, out / f"{name}.png", title)
+        except Exception as err:  # a malformed diagnostic loses its figure, never the report
+            log.warning("%s: no %s.png (%s: %s)", run_dir, name, type(err).__name__, err)
+            continue
+        if path is not None:
+            made.append(path)
+    return made
+
+
+def _draw_curve(metrics, diag, path, title):
+    if metrics is None or not {"acc", "comm_cost"} <= set(metrics.columns):
+        return None
+    metrics = metrics.dropna(subset=["acc", "comm_cost"])
+    stages = metrics["stage"].tolist() if "stage" in metrics else None
+    return plots.plot_run_curve(metrics["comm_cost"].to_numpy(float), 100.0 * metrics["acc"].to_numpy(float),
+                                stages, path, f"{title}: test accuracy vs communication cost")
+
+
+def _draw_lid(metrics, diag, path, title):
+    lid = (diag.get("records") or {}).get("lid")
+    if isinstance(lid, list):  # a history of snapshots: the latest
+        lid = lid[-1] if lid else None
+    if not lid or lid.get("cumulative_lid") is None:
+        return None
+    clients = diag.get("clients") or {}
+    values = [np.nan if v is None else v for v in lid["cumulative_lid"]]
+    return plots.plot_lid_gmm(values, lid.get("gmm"), lid.get("noisy"), clients.get("noisy_client"),
+                              _nan_list(clients.get("true_rate")), path,
+                              f"{title}: cumulative LID scores", iteration=lid.get("iteration"))
+
+
+def _draw_lid_iterations(metrics, diag, path, title):
+    """Panels per iteration from the ``lid/iter<t>`` records (when there are at least two)."""
+    records = diag.get("records") or {}
+    found = sorted((int(m.group(1)), rec) for key, rec in records.items()
+                   if (m := re.fullmatch(r"lid/iter(\d+)", key)) and isinstance(rec, dict))
+    if len(found) < 2:
+        return None
+    clients = diag.get("clients") or {}
+    return plots.plot_lid_iterations([rec for _, rec in found], clients.get("noisy_client"), path,
+                                     f"{title}: cumulative LID scores per iteration")
+
+
+def _draw_noise(metrics, diag, path, title):
+    clients = diag.get("clients") or {}
+    mu_hat = clients.get("mu_hat") or []
+    if not any(v is not None for v in mu_hat):
+        return None
+    return plots.plot_noise_estimation(_nan_list(clients["true_rate"]), mu_hat, clients.get("flagged"), path,
+                                       f"{title}: estimated vs true noise level")
+
+
+def _draw_partition(metrics, diag, path, title):
+    if not diag.get("class_counts"):
+        return None
+    return plots.plot_partition(diag["class_counts"], path, f"{title}: samples per class and client")
+
+
+def _draw_confusion(metrics, diag, path, title):
+    if not diag.get("confusion_before") or not diag.get("confusion_after"):
+        return None
+    return plots.plot_confusion(diag["confusion_before"], diag["confusion_after"], path,
+                                f"{title}: clean vs observed labels")
+
+
+def _nan_list(values) -> list[float] | None:
+    return None if values is None else [np.nan if v is None else float(v) for v in values]
+
+
 # ---------------------------------------------------------------- entry point
 
 
 def write_report(frame: pd.DataFrame, out: Path, rows: str = "method", by: Sequence[str] = (),
-                 metric: str = "best_acc", ratio_to=None) -> str:
-    """Write every table and plot into ``out``; return the main Markdown table."""
+                 metric: str = "best_acc", ratio_to=None, reference: pd.DataFrame | None = None,
+                 figures: str = "summary") -> str:
+    """Write every table and plot into ``out``; return the main Markdown table and its notes."""
     out.mkdir(parents=True, exist_ok=True)
-    table = accuracy_table(frame, rows, by, metric)
+    frame = add_missing_cells(frame, reference)
+    table = accuracy_table(frame, rows, by, metric, reference)
     text, bold = accuracy_grid(table, rows)
     about = f"{metric} in %: mean ± std (population, ddof=0) over seeds, n = complete runs"
+    head = f"{about}; best mean per column in bold."
+    if reference is not None:
+        about += ". " + reference_note(reference)
+        head += "\n\n" + reference_note(reference)
     incomplete = incomplete_runs(frame, rows)
-    main_md = f"{about}; best mean per column in bold.\n\n{to_markdown(text, bold)}"
+    missing = missing_cells(frame, rows, by)
+    main_md = f"{head}\n\n{to_markdown(text, bold)}"
     notes = "\nIncomplete runs (not averaged):\n" + "\n".join(incomplete) + "\n" if incomplete else ""
+    if missing:
+        notes += f"\nCells of the reference grid without any run ({len(missing)}):\n" + "\n".join(missing) + "\n"
     (out / "accuracy.md").write_text(main_md + notes)
     table.to_csv(out / "accuracy.csv", index=False)
     (out / "accuracy.tex").write_text(to_latex(text, bold, about))
-    comm = comm_table(frame, rows, by, ratio_to)
+    comm = comm_table(frame, rows, by, ratio_to, reference)
     comm.to_csv(out / "comm.csv", index=False)
     (out / "comm.md").write_text(comm_markdown(comm, rows, ratio_to))
+    if figures != "none":
+        _write_figures(frame, out, rows, by, figures)
+    return main_md + notes
+
+
+def _write_figures(frame: pd.DataFrame, out: Path, rows: str, by: Sequence[str], mode: str) -> None:
     lines = curves(frame, rows, by)
     if lines:
         plot_acc_vs_cost(lines, out / "acc_vs_cost.png")
     else:
         log.warning("no metrics.jsonl of a complete run: no acc_vs_cost.png")
-    return main_md + notes
+    for run_dir, name, title in figure_runs(frame, rows, by, mode):
+        run_figures(run_dir, out / "runs" / name, title)
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -532,6 +939,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--rows", default="method", help="row key (default: method)")
     parser.add_argument("--metric", default="best_acc", choices=METRICS)
     parser.add_argument("--ratio-to", metavar="METHOD", help="comm-cost ratios to this row")
+    parser.add_argument("--reference", type=Path, metavar="FILE",
+                        help="paper numbers (CSV); default: results/reference/<preset>.csv of the runs' preset")
+    parser.add_argument("--figures", default="summary", choices=FIGURE_MODES,
+                        help="per-run figures: one run per cell (summary), every run (all), none")
     parser.add_argument("--out", type=Path, help="output directory (default: DIR/report)")
     return parser.parse_args(argv)
 
@@ -549,8 +960,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyError as err:
         log.error("%s", err.args[0])
         return 2
+    try:
+        reference = load_reference(reference_paths(frame, args.reference))
+    except (OSError, ValueError) as err:
+        log.error("cannot read the reference numbers: %s", err)
+        return 2
     out = args.out or args.dir / "report"
-    print(write_report(frame, out, rows, by, args.metric, args.ratio_to))
+    print(write_report(frame, out, rows, by, args.metric, args.ratio_to, reference, args.figures))
     print(f"report: {out}")
     return 0
 

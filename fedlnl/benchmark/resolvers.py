@@ -6,9 +6,13 @@ from omegaconf import OmegaConf
 FIDELITIES = ("paper", "reference")
 
 
-def _fidelity(paper_value, reference_value, *, _root_):
-    """``${fidelity:<paper>,<reference>}``: the value for the run's top-level ``fidelity``."""
-    mode = _root_.get("fidelity", "paper")
+def _fidelity(paper_value, reference_value, *, _parent_, _root_):
+    """``${fidelity:<paper>,<reference>}``: the value for the governing ``fidelity`` key.
+
+    A config node with its own ``fidelity`` key (the noise model's) follows that one; everything
+    else follows the top-level key. So ``fidelity=reference`` flips every method switch while the
+    federation stays the same, and ``noise.fidelity=reference`` reproduces the reference noise."""
+    mode = _parent_.get("fidelity") if "fidelity" in _parent_ else _root_.get("fidelity", "paper")
     if mode not in FIDELITIES:
         raise ValueError(f"fidelity: got {mode!r}, allowed: {', '.join(FIDELITIES)}")
     return paper_value if mode == "paper" else reference_value

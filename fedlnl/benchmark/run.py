@@ -20,6 +20,7 @@ import hydra
 import numpy as np
 import torch
 from hydra.core.hydra_config import HydraConfig
+from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
@@ -35,7 +36,7 @@ from fedlnl.methods.protocol import ALL_CLIENTS, ClientView, FederationInfo, Rou
 log = logging.getLogger("fedlnl")
 
 #: config keys that do not change a run's numbers (left out of the config hash)
-NON_RESULT_KEYS = ("logger", "name", "preset", "checkpoint_every", "skip_complete", "device", "hydra")
+NON_RESULT_KEYS = ("logger", "name", "preset", "checkpoint_every", "skip_complete", "device", "threads", "hydra")
 
 
 def config_hash(cfg: dict) -> str:
@@ -83,6 +84,8 @@ class Runner:
     # ------------------------------------------------------------------ setup
     def prepare(self) -> None:
         cfg = self.cfg
+        if int(cfg.get("threads") or 0) > 0:
+            torch.set_num_threads(int(cfg.threads))
         self.device = resolve_device(str(cfg.device))
         validate(cfg, num_train=int(load_source(cfg.dataset).y_train.shape[0]))
         try:
@@ -104,7 +107,13 @@ class Runner:
             torch.manual_seed(int(cfg.seed))
             self.model = instantiate(cfg.model, num_classes=self.info.num_classes,
                                      input_shape=self.info.input_shape).to(self.device)
-        self.method = instantiate(cfg.method)
+        try:
+            self.method = instantiate(cfg.method)
+        except InstantiationException as err:  # a method's own check of its hyperparameters
+            cause = err.__cause__
+            if isinstance(cause, ValueError):
+                raise ConfigError(str(cause).splitlines()[0]) from err
+            raise
         self.total = int(self.method.total_rounds(self.info))
 
     def view(self, k: int) -> ClientView:

@@ -50,8 +50,9 @@ def validate(cfg: DictConfig, num_train: int | None = None) -> None:
         rule = {"lr": (lambda v: v > 0, "> 0"), "frac": (lambda v: 0 < v <= 1, "in (0, 1]")}.get(
             key, (lambda v: _is_int(v) and v >= 1, "an integer >= 1"))
         _check(cfg, f"method.{key}", rule[0], rule[1])
-    if cfg.get("fidelity") not in ("paper", "reference"):
-        raise ConfigError(f"fidelity={cfg.get('fidelity')!r} is invalid: allowed paper, reference")
+    for key, value in (("fidelity", cfg.get("fidelity")), ("noise.fidelity", cfg.noise.get("fidelity", "paper"))):
+        if value not in ("paper", "reference"):
+            raise ConfigError(f"{key}={value!r} is invalid: allowed paper, reference")
     device = str(cfg.get("device", "auto"))
     if not (device in ("auto", "cpu") or device.startswith("cuda")):
         raise ConfigError(f"device={device!r} is invalid: allowed auto, cpu, cuda, cuda:N")

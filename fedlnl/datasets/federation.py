@@ -88,6 +88,7 @@ def build_federation(
     part, noise = _plain(partition_cfg), _plain(noise_cfg)
     part.pop("p_alpha", None)  # sweep conveniences only: p/alpha and rho/tau already hold the values
     noise.pop("rho_tau", None)
+    noise.pop("fidelity", None)  # resolved into the noise switches already
     key = json.dumps([_plain(dataset_cfg), part, noise, int(num_clients), int(seed)], sort_keys=True)
     if key not in _FEDERATIONS:
         if len(_FEDERATIONS) >= _MAX_FEDERATIONS:
