@@ -77,7 +77,7 @@ def cell(values: list[float]) -> str:
 
 def test_accuracy_tables(sweep: Path, capsys, caplog):
     with caplog.at_level(logging.WARNING):
-        assert report.main([str(sweep)]) == 0
+        assert report.main([str(sweep), "--figures", "none"]) == 0
     out = capsys.readouterr().out
     assert "unreadable" in caplog.text and "broken" in caplog.text
     md = (sweep / "report" / "accuracy.md").read_text()
@@ -98,7 +98,7 @@ def test_accuracy_tables(sweep: Path, capsys, caplog):
 
 
 def test_accuracy_csv_and_latex(sweep: Path):
-    report.main([str(sweep), "--metric", "final_acc"])
+    report.main([str(sweep), "--metric", "final_acc", "--figures", "none"])
     csv = pd.read_csv(sweep / "report" / "accuracy.csv")
     line = csv[(csv.method == "fedavg") & (csv.column == "(0.6,0.5)")].iloc[0]
     pct = 100 * (np.array([0.70, 0.76]) - 0.01)
@@ -114,7 +114,7 @@ def test_accuracy_csv_and_latex(sweep: Path):
 
 
 def test_comm_table(sweep: Path):
-    report.main([str(sweep), "--ratio-to", "fedcorr"])
+    report.main([str(sweep), "--ratio-to", "fedcorr", "--figures", "none"])
     md = (sweep / "report" / "comm.md").read_text()
     sections = {s.splitlines()[0]: s for s in md.split("### ")[1:]}
     to50 = sections["Communication cost to reach 50% test accuracy (ratio to fedcorr in brackets)"]
@@ -141,9 +141,9 @@ def test_plot(sweep: Path):
 
 
 def test_by_config_key_and_errors(sweep: Path, capsys):
-    report.main([str(sweep), "--by", "fl.lr"])  # resolved as config.fl.lr
+    report.main([str(sweep), "--by", "fl.lr", "--figures", "none"])  # resolved as config.fl.lr
     assert "| method | (0.4,0) lr=0.01 | (0.6,0.5) lr=0.01 |" in capsys.readouterr().out
-    report.main([str(sweep), "--rows", "model"])  # methods then become part of the columns
+    report.main([str(sweep), "--rows", "model", "--figures", "none"])  # methods join the columns
     assert "| model | fedavg (0.4,0) | fedavg (0.6,0.5) |" in capsys.readouterr().out
     assert report.main([str(sweep), "--by", "no.such.key"]) == 2
     assert report.main([str(sweep / "nothing")]) == 1
@@ -162,3 +162,120 @@ def test_default_columns_for_noniid_and_datasets():
     frame["setting.fidelity"] = ["paper", "reference", "paper"]  # any other varying setting key
     _, columns, _ = report.with_columns(frame, "method")
     assert columns[1] == "cifar10 (0.6,0.5) non-IID (0.7,10) fidelity=reference"
+
+
+# ---------------------------------------------------------------- paper reference numbers, ablations
+
+REFERENCE = """method,variant,dataset,model,partition,rho,tau,p,alpha,target,metric,mean,std,source
+fedavg,,digits,,iid,0.4,0.0,,,,best_acc,85.00,1.00,Fake Table 1
+fedcorr,,digits,cnn,iid,0.6,0.5,,,,best_acc,90.00,0.50,Fake Table 1
+fedavg,,digits,,iid,0.8,0.5,,,,best_acc,70.00,2.00,Fake Table 1
+fedcorr,,digits,,iid,0.9,0.5,,,,best_acc,91.00,0.30,Fake Table 1
+fedcorr,w/o correction,digits,,iid,0.6,0.5,,,,best_acc,88.00,0.50,Fake Table 6
+fedavg,,digits,,iid,0.4,0.0,,,0.5,cost_to_target,100,,Fake Table 13
+fedcorr,,digits,,iid,0.4,0.0,,,0.5,cost_to_target,50,,Fake Table 13
+fedcorr,,digits,,iid,0.6,0.5,,,80,cost_to_target,180,,Fake Table 11
+fedavg,,digits,,iid,0.6,0.5,,,80,cost_to_target,-,,Fake Table 11
+"""
+
+
+@pytest.fixture
+def preset_sweep(tmp_path: Path) -> Path:
+    """The fake sweep of a preset, plus an ablation variant of fedcorr at (0.6,0.5) and a failed
+    run; the reference grid also has (0.9,0.5), which has no run."""
+    root = tmp_path / "preset"
+    runs = [(m, noise, seed, best, costs, None) for (m, noise), seeds in RUNS.items()
+            for seed, (best, *costs) in enumerate(seeds)]
+    runs += [("fedcorr", (0.6, 0.5), seed, best, (80, None), "w/o correction")
+             for seed, best in enumerate([0.84, 0.82])]
+    runs += [("fedavg", (0.8, 0.5), 0, 0.1, (None, None), None)]
+    for i, (method, noise, seed, best, costs, variant) in enumerate(runs):
+        s = summary(method, noise, seed, best, costs, status="failed" if best == 0.1 else "complete")
+        s.update(preset="fake_table", variant=variant)
+        write_run(root / f"run{i}", s, best)
+    (tmp_path / "ref.csv").write_text(REFERENCE)
+    return root
+
+
+def md_rows(md: str) -> dict:
+    return {line.split(" | ")[0].strip("| "): line for line in md.splitlines() if line.startswith("| fed")}
+
+
+def test_reference_columns_ablation_rows_and_missing_cells(preset_sweep: Path, capsys):
+    ref = preset_sweep.parent / "ref.csv"
+    assert report.main([str(preset_sweep), "--reference", str(ref), "--figures", "none"]) == 0
+    out = capsys.readouterr().out
+    md = (preset_sweep / "report" / "accuracy.md").read_text()
+    rows = md_rows(md)
+    assert md.splitlines()[4] == "| method | (0.4,0) | (0.6,0.5) | (0.8,0.5) | (0.9,0.5) |"
+    assert "| **82.00 ± 2.00 (n=2); paper 85.00 ± 1.00, Δ -3.00** |" in rows["fedavg"]
+    assert "| missing (1 incomplete); paper 70.00 ± 2.00 |" in rows["fedavg"]
+    assert "| **87.00 ± 1.00 (n=2); paper 90.00 ± 0.50, Δ -3.00** |" in rows["fedcorr"]
+    assert rows["fedcorr"].endswith("| missing; paper 91.00 ± 0.30 |")  # never run
+    # the ablation variant is its own row, compared with its own paper value
+    variant = rows["fedcorr (w/o correction)"]
+    assert variant == ("| fedcorr (w/o correction) | missing | 83.00 ± 1.00 (n=2); paper 88.00 ± 0.50, Δ -5.00 "
+                       "| missing | missing |")
+    assert "Paper values from " + str(ref) + " (Fake Table 1, Fake Table 6, Fake Table 13, Fake Table 11)" in md
+    missing = md.split("Cells of the reference grid without any run (1):\n")[1]
+    assert missing.splitlines()[0] == "- fedcorr / (0.9,0.5)" and "fedcorr / (0.9,0.5)" in out
+    assert "not run" not in md.split("Incomplete runs")[1].split("Cells of")[0]  # placeholders aren't runs
+    csv = pd.read_csv(preset_sweep / "report" / "accuracy.csv")
+    line = csv[(csv.method == "fedcorr (w/o correction)") & (csv.column == "(0.6,0.5)")].iloc[0]
+    assert (line["paper_mean"], line["paper_std"], line["paper_source"]) == (88.0, 0.5, "Fake Table 6")
+    assert line["diff"] == pytest.approx(-5.0) and line["n"] == 2
+    assert csv[csv.column == "(0.4,0)"].set_index("method")["paper_mean"].isna().tolist() == [False, True, True]
+    tex = (preset_sweep / "report" / "accuracy.tex").read_text()
+    assert "paper 85.00 $\\pm$ 1.00, $\\Delta$ -3.00" in tex
+
+
+def test_reference_cost_table_with_ratios(preset_sweep: Path):
+    ref = preset_sweep.parent / "ref.csv"
+    report.main([str(preset_sweep), "--reference", str(ref), "--ratio-to", "fedcorr", "--figures", "none"])
+    md = (preset_sweep / "report" / "comm.md").read_text()
+    sections = {s.splitlines()[0]: s for s in md.split("### ")[1:]}
+    to50 = md_rows(sections["Communication cost to reach 50% test accuracy (ratio to fedcorr in brackets)"])
+    to80 = md_rows(sections["Communication cost to reach 80% test accuracy (ratio to fedcorr in brackets)"])
+    assert "| 110 (2.2); paper 100 (2.0), Δ +10 |" in to50["fedavg"]
+    assert "| 50; paper 50, Δ +0 |" in to50["fedcorr"]
+    assert "| 80 (1.3) |" in to50["fedcorr (w/o correction)"]  # 80 / fedcorr's 60
+    assert "| 200; paper 180, Δ +20 |" in to80["fedcorr"]
+    assert "| -; paper - |" in to80["fedavg"]  # never reached, in ours and in the paper
+    assert "paper = the published cost" in md
+    csv = pd.read_csv(preset_sweep / "report" / "comm.csv")
+    line = csv[(csv.method == "fedavg") & (csv.column == "(0.4,0)") & (csv.target == 0.5)].iloc[0]
+    assert (line["paper_mean"], line["diff"], line["paper_ratio"]) == (100.0, 10.0, 2.0)
+
+
+def test_reference_found_by_preset_name(preset_sweep: Path, monkeypatch, capsys, caplog):
+    monkeypatch.chdir(preset_sweep.parent)
+    report.main([str(preset_sweep), "--figures", "none"])  # no results/reference/fake_table.csv yet
+    assert "paper" not in capsys.readouterr().out and "preset fake_table: no reference numbers" in caplog.text
+    (preset_sweep.parent / "results" / "reference").mkdir(parents=True)
+    (preset_sweep.parent / "results" / "reference" / "fake_table.csv").write_text(REFERENCE)
+    report.main([str(preset_sweep), "--figures", "none"])
+    assert "82.00 ± 2.00 (n=2); paper 85.00 ± 1.00, Δ -3.00" in capsys.readouterr().out
+    (preset_sweep.parent / "bad.csv").write_text("method,mean\nfedavg,1\n")
+    assert report.main([str(preset_sweep), "--reference", str(preset_sweep.parent / "bad.csv")]) == 2
+
+
+def test_reference_matching_rules():
+    row = {"method": "FedCorr", "variant": "", "dataset": "cifar10", "model": "", "partition": "non-IID",
+           "rho": 0.6, "tau": 0.5, "p": 0.7, "alpha": 10.0}
+    ours = {"method": "fedcorr", "variant": None, "dataset": "cifar10_jpeg", "model": "resnet18",
+            "partition": "noniid", "rho": 0.6, "tau": 0.5, "p": 0.7, "alpha": 10}
+    assert report.matches(row, ours)  # case, alias, wildcard model, partition spelling
+    assert not report.matches(row, {**ours, "variant": "w/o mixup"})  # a variant never matches the plain row
+    assert not report.matches(row, {**ours, "alpha": 1.0})
+    assert report.matches({**row, "p": np.nan, "alpha": np.nan}, {**ours, "alpha": 1.0})  # empty = any
+    assert not report.matches({**row, "model": "vgg11"}, ours)
+
+
+def test_real_noise_columns_name_the_label_set():
+    base = {"status": "complete", "method": "m", "best_acc": 0.5, "rho": None, "tau": None,
+            "partition": "iid", "setting.noise": "cifar10n"}
+    frame = pd.DataFrame([{**base, "config.noise.label_set": "worse"},
+                          {**base, "config.noise.label_set": "aggre"},
+                          {**base, "rho": 0.6, "tau": 0.5, "setting.noise": "symmetric"}], dtype=object)
+    _, columns, _ = report.with_columns(frame, "method")
+    assert columns == ["cifar10n aggre", "cifar10n worse", "(0.6,0.5) noise=symmetric"]

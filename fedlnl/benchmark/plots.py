@@ -227,13 +227,17 @@ def plot_partition(class_counts, path: str | Path, title: str = "") -> Path:
     area is proportional to the count; the bar on top gives each client's size."""
     counts = np.asarray(class_counts, dtype=float)
     n, m = counts.shape
-    fig = Figure(figsize=(min(3.0 + 0.09 * n, 16.0), 1.6 + min(0.3 * m, 9.0)), layout="constrained")
+    width, height = min(3.0 + 0.09 * n, 16.0), 1.6 + min(0.3 * m, 9.0)
+    fig = Figure(figsize=(width, height), layout="constrained")
     FigureCanvasAgg(fig)
     top, ax = fig.subplots(2, 1, sharex=True, height_ratios=[1, 4])
     top.bar(np.arange(n), counts.sum(axis=1), color="0.5", width=0.8)
     top.set_ylabel("samples")
+    # the largest dot fits its grid cell (marker area in pt^2; the axes take ~75% of the figure)
+    cell = min(0.75 * width * 72 / n, 0.6 * height * 72 / m)
+    area = min(150.0, (0.9 * cell) ** 2)
     cx, cy = np.nonzero(counts)
-    ax.scatter(cx, cy, s=120.0 * counts[cx, cy] / max(counts.max(), 1.0), color="C0", alpha=0.7)
+    ax.scatter(cx, cy, s=area * counts[cx, cy] / max(counts.max(), 1.0), color="C0", alpha=0.7, lw=0)
     ax.set_xlabel("client")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_ylabel("class")
@@ -243,7 +247,8 @@ def plot_partition(class_counts, path: str | Path, title: str = "") -> Path:
     ax.grid(alpha=0.2)
     biggest = int(counts.max()) if counts.size else 0
     for value in sorted({max(biggest // 4, 1), max(biggest, 1)}):
-        ax.scatter([], [], s=120.0 * value / max(biggest, 1), color="C0", alpha=0.7, label=f"{value} samples")
+        ax.scatter([], [], s=area * value / max(biggest, 1), color="C0", alpha=0.7, lw=0,
+                   label=f"{value} samples")
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
     return _save(fig, path, title or "class distribution per client")
 

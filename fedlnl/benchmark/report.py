@@ -27,7 +27,8 @@ Ablations: a run with ``variant`` set (e.g. ``variant="w/o correction"``) is its
 
 Paper numbers: when the summaries carry ``preset`` (paper presets set it) the report reads
 ``results/reference/<preset>.csv`` (looked up in the current directory, then in the repository;
-``--reference FILE`` picks a file instead), long format with values in %::
+``--reference FILE`` picks a file instead), long format (accuracies in %, costs in client
+participations; method, model and variant spelled as in our configs, case-insensitive)::
 
     method,variant,dataset,model,partition,rho,tau,p,alpha,target,metric,mean,std,source
 
@@ -43,9 +44,11 @@ Figures (``--figures``): ``summary`` (default) draws acc_vs_cost.png and, for on
 run (lowest seed) of every table cell, the per-run figures in DIR/report/runs/<row>_<column>_seed<k>/:
 curve.png (test accuracy vs communication cost with the training stages, FedCorr Fig. 9),
 lid_gmm.png (cumulative LID scores and the fitted GMM, Figs. 3 and 6; methods that record
-``lid``), lid_iterations.png (the same after each iteration, from ``lid/iter<t>``), noise_estimation.png (estimated vs true noise level per client, Fig. 7; methods that
-report mu_hat), partition.png (class counts per client, Fig. 10), confusion.png (labels before
-and after correction, Fig. 8). ``all`` draws them for every complete run, ``none`` draws nothing.
+``lid``), lid_iterations.png (the same after each iteration, from ``lid/iter<t>``),
+noise_estimation.png (estimated vs true noise level per client, Fig. 7; methods that report
+mu_hat), partition.png (class counts per client, Fig. 10), confusion.png (labels before and after
+correction, Fig. 8; one panel when nothing was corrected). ``all`` draws them for every complete
+run, ``none`` draws nothing (acc_vs_cost.png included).
 They come from each run's metrics.jsonl and diagnostics.json alone (no W&B).
 
 Outputs in DIR/report: accuracy.{md,csv,tex}, comm.{md,csv} (csv in long form, mean and std in %),
@@ -274,12 +277,17 @@ def column_parts(frame: pd.DataFrame, rows: str, by: Sequence[str] = ()) -> list
 def _part_label(part: tuple[str, ...], run: pd.Series) -> str:
     value = {k: run.get(k) for k in part}
     if part == ("rho", "tau"):
+        if _canon(value["rho"]) is None and _canon(value["tau"]) is None:  # real noise, e.g. CIFAR-10N
+            return " ".join(_fmt(run.get(k)) for k in ("setting.noise", "config.noise.label_set")
+                            if _canon(run.get(k)) is not None)
         return f"({_fmt(value['rho'])},{_fmt(value['tau'])})"
     if part == ("partition", "p", "alpha"):
         if _canon(value["partition"]) == "iid":
             return "IID"
         return f"non-IID ({_fmt(value['p'])},{_fmt(value['alpha'])})"
     (key,) = part
+    if key == "setting.noise" and _canon(run.get("rho")) is None and _canon(run.get("tau")) is None:
+        return ""  # real noise: the (rho, tau) part already names it
     if key == "num_clients":
         return f"N={_fmt(value[key])}"
     if key in ("method", "dataset", "model"):
@@ -293,7 +301,8 @@ def with_columns(frame: pd.DataFrame, rows: str, by: Sequence[str] = ()):
     runs = frame[frame[rows].map(_canon).notna()].copy() if rows in frame else frame.iloc[:0].copy()
     parts = column_parts(runs, rows, by)
     keys = [k for part in parts for k in part if k in runs]
-    labels = [" ".join(_part_label(p, run) for p in parts) or "all" for _, run in runs.iterrows()]
+    labels = [" ".join(filter(None, (_part_label(p, run) for p in parts))) or "all"
+              for _, run in runs.iterrows()]
     orders = [tuple(_sort_key(run.get(k)) for k in keys) for _, run in runs.iterrows()]
     runs["column"] = pd.Series(labels, index=runs.index, dtype=object)
     columns = list(dict.fromkeys(lab for _, lab in sorted(zip(orders, labels))))
@@ -367,7 +376,8 @@ def accuracy_cell(mean: float, std: float, n: int, n_incomplete: int, paper_mean
 
 def accuracy_grid(table: pd.DataFrame, rows: str) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(cell texts, bold mask) with rows x columns; bold = best printed mean of each column."""
-    fields = ["mean", "std", "n", "n_incomplete"] + (["paper_mean", "paper_std"] if "paper_mean" in table else [])
+    fields = ["mean", "std", "n", "n_incomplete"]
+    fields += ["paper_mean", "paper_std"] if "paper_mean" in table else []
     table = table.assign(
         text=[accuracy_cell(*v) for v in _tuples(table, *fields)],
         shown=table["mean"].round(2),

@@ -46,10 +46,27 @@ def config_hash(cfg: dict) -> str:
 
 def resolve_device(name: str) -> torch.device:
     if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        if not torch.cuda.is_available():
+            return torch.device("cpu")
+        count, job = torch.cuda.device_count(), _multirun_job_num()
+        if count > 1 and job is not None:
+            # parallel sweep jobs (e.g. hydra/launcher=joblib) on a multi-GPU node: one GPU per job,
+            # round-robin by Hydra's job number; set_device sends any plain "cuda" tensor there too
+            device = torch.device(f"cuda:{job % count}")
+            torch.cuda.set_device(device)
+            return device
+        return torch.device("cuda")  # one visible GPU (e.g. a SLURM task's), or a single run
     if name.startswith("cuda") and not torch.cuda.is_available():
         raise ConfigError(f"device={name!r} is invalid: no CUDA device is available (use auto or cpu)")
     return torch.device(name)
+
+
+def _multirun_job_num() -> int | None:
+    """Hydra's job number inside a multirun (``-m``), else None."""
+    if not HydraConfig.initialized():
+        return None
+    hc = HydraConfig.get()
+    return int(hc.job.num) if hc.mode is not None and hc.mode.name == "MULTIRUN" else None
 
 
 def git_commit() -> str | None:
@@ -156,7 +173,7 @@ class Runner:
         self.records.update(ck["records"])
         self.rows, self.comm, self.bytes_up = ck["rows"], ck["comm"], ck["bytes"]
         self.t0 -= ck["elapsed"]
-        log.info("resuming from round %d of %d (%s)", ck["round"] + 1, self.total, path)
+        log.info("resuming after round %d of %d (%s)", ck["round"] + 1, self.total, path)
         return ck["state"], ck["round"] + 1
 
     # ------------------------------------------------------------------ the loop
@@ -260,13 +277,15 @@ class Runner:
 
 
 def completed(run_dir: Path, cfg_hash: str) -> dict | None:
-    """The summary in ``run_dir`` if it is complete for this config (a sweep cell to skip)."""
+    """The summary in ``run_dir`` if it is final for this config (a sweep cell to skip): complete, or
+    diverged (deterministic: a re-run would diverge again). A failed/interrupted run is re-run."""
     path = Path(run_dir) / "summary.json"
     try:
         summary = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
-    return summary if summary.get("status") == "complete" and summary.get("config_hash") == cfg_hash else None
+    final = summary.get("status") in ("complete", "diverged")
+    return summary if final and summary.get("config_hash") == cfg_hash else None
 
 
 def run(cfg: DictConfig, run_dir: Path, method_name: str, group: str = "single") -> dict:
@@ -275,7 +294,7 @@ def run(cfg: DictConfig, run_dir: Path, method_name: str, group: str = "single")
     if cfg.get("skip_complete", True):
         done = completed(run_dir, runner.hash)
         if done:
-            log.info("skipping %s: complete summary for this config exists", run_dir)
+            log.info("skipping %s: %s summary for this config exists", run_dir, done["status"])
             return done
     runner.prepare()  # validation and data: raises before anything is written
     Path(run_dir).mkdir(parents=True, exist_ok=True)

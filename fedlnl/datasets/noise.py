@@ -14,15 +14,30 @@ receive a new label. Switches (each a ``${fidelity:paper,reference}`` choice in 
 
 ``pairflip`` maps class c to (c + 1) mod M with the same per-client levels; ``label_range`` and
 ``exclude_true`` do not apply to it. Randomness comes only from the ``rng`` passed in.
+
+``cifar10n`` is real human label noise (Wei et al., ICLR 2022): the training labels are replaced by
+one of the CIFAR-10N annotation sets (``label_set``: aggre, worse, random1..3) read from ``file``,
+aligned to the training order of ``dataset=cifar10`` / ``cifar10_jpeg`` (checked: the file's
+``clean_label`` must equal the dataset's labels). No randomness; rho/tau do not apply.
+
+Real noise and unknown clean labels: a clean label of ``UNKNOWN_LABEL`` (-1; most of Clothing1M)
+is never counted as noisy and is left out of every realized rate (a client with no known clean
+label gets rate nan, and is not a noisy client).
 """
 from __future__ import annotations
+
+from pathlib import Path
 
 import numpy as np
 import torch
 
 from .federation import Oracle
 
+#: a clean label the dataset does not give (Clothing1M: most of the training set)
+UNKNOWN_LABEL = -1
+
 KINDS = ("symmetric", "pairflip")
+HUMAN_KINDS = ("cifar10n",)
 COUNTS = ("exact", "bernoulli")
 LABEL_RANGES = ("all", "first10")
 
@@ -39,6 +54,8 @@ def add_noise(
     label_range: str = "all",
     exclude_true: bool = False,
     clean: np.ndarray | torch.Tensor | None = None,
+    label_set: str | None = None,
+    file: str | None = None,
 ) -> tuple[torch.Tensor, Oracle]:
     """Corrupt ``labels`` client by client; returns (observed labels, oracle).
 
@@ -46,6 +63,8 @@ def add_noise(
     synthetic noise is added (rho must be 0) and the oracle reports the real per-client noise.
     """
     labels = _as_numpy(labels)
+    if kind in HUMAN_KINDS:
+        return human_noise(labels, client_indices, file, label_set, rho, tau, clean)
     if clean is not None:
         return _real_noise(labels, _as_numpy(clean), client_indices, rho)
     _validate(kind, rho, tau, count, label_range)
@@ -88,14 +107,26 @@ def new_labels(
 
 
 def _oracle(clean, observed, client_indices, mu, gamma) -> Oracle:
-    mask = observed != clean
+    mask = (observed != clean) & (clean != UNKNOWN_LABEL)
     return Oracle(
         clean_labels=torch.from_numpy(clean.copy()),
         mu=np.asarray(mu, dtype=np.float64),
         noisy_client=np.asarray(gamma, dtype=bool),
         noisy_mask=torch.from_numpy(mask),
-        realized_rate=np.array([mask[ix].mean() for ix in client_indices], dtype=np.float64),
+        realized_rate=realized_rates(clean, observed, client_indices),
     )
+
+
+def realized_rates(clean: np.ndarray, observed: np.ndarray, client_indices) -> np.ndarray:
+    """Per client, the share of its samples with a known clean label whose label is wrong
+    (nan for a client without any known clean label)."""
+    known = clean != UNKNOWN_LABEL
+    wrong = (observed != clean) & known
+    rates = []
+    for ix in client_indices:
+        n = int(known[ix].sum())
+        rates.append(wrong[ix].sum() / n if n else float("nan"))
+    return np.array(rates, dtype=np.float64)
 
 
 def _real_noise(noisy, clean, client_indices, rho) -> tuple[torch.Tensor, Oracle]:
@@ -104,7 +135,7 @@ def _real_noise(noisy, clean, client_indices, rho) -> tuple[torch.Tensor, Oracle
         raise ValueError(
             f"this dataset has real label noise, synthetic noise must be off: set noise.rho=0 (got {rho})"
         )
-    rate = np.array([(noisy[ix] != clean[ix]).mean() for ix in client_indices], dtype=np.float64)
+    rate = realized_rates(clean, noisy, client_indices)
     return torch.from_numpy(noisy.copy()), _oracle(clean, noisy, client_indices, rate, rate > 0)
 
 
@@ -121,3 +152,47 @@ def _as_numpy(y) -> np.ndarray:
     if isinstance(y, torch.Tensor):
         y = y.cpu().numpy()
     return np.asarray(y, dtype=np.int64)
+
+
+# ---------------------------------------------------------------------------------------------
+# real human noise: CIFAR-10N
+
+#: ``label_set`` -> key in CIFAR-10_human.pt
+CIFAR10N_SETS = {"aggre": "aggre_label", "worse": "worse_label", "random1": "random_label1",
+                 "random2": "random_label2", "random3": "random_label3"}
+
+
+def human_noise(labels, client_indices, file, label_set, rho=None, tau=None, clean=None):
+    """CIFAR-10N labels as the observed labels; oracle: clean = the dataset's labels, mu and the
+    noisy-client flag = each client's realized rate (> 0)."""
+    if label_set not in CIFAR10N_SETS:
+        raise ValueError(f"noise.label_set={label_set!r} is not one of {tuple(CIFAR10N_SETS)}")
+    if rho or tau:
+        raise ValueError(f"noise=cifar10n is real noise: noise.rho/noise.tau do not apply (got {rho}, {tau})")
+    if clean is not None:
+        raise ValueError("noise=cifar10n needs a dataset with clean labels (cifar10 or cifar10_jpeg)")
+    noisy = cifar10n_labels(file, label_set, _as_numpy(labels))
+    rate = realized_rates(_as_numpy(labels), noisy, client_indices)
+    return torch.from_numpy(noisy), _oracle(_as_numpy(labels).copy(), noisy, client_indices, rate, rate > 0)
+
+
+def cifar10n_labels(file, label_set: str, dataset_labels: np.ndarray) -> np.ndarray:
+    """One CIFAR-10N annotation set, after checking the file's clean labels equal the dataset's."""
+    from hydra.utils import to_absolute_path  # relative paths: from the launch directory
+
+    path = Path(to_absolute_path(str(Path(str(file)).expanduser())))
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"CIFAR-10N file not found: {path}; download CIFAR-10_human.pt from "
+            "https://github.com/UCSC-REAL/cifar-10-100n (data/) and set noise.file=<path>"
+        )
+    table = torch.load(path, map_location="cpu", weights_only=False)  # a dict of numpy arrays
+    clean = np.asarray(table["clean_label"], dtype=np.int64).reshape(-1)
+    if clean.shape != dataset_labels.shape or not np.array_equal(clean, dataset_labels):
+        what = (f"{int(np.sum(clean != dataset_labels))} of {len(clean)} labels differ"
+                if clean.shape == dataset_labels.shape else f"{len(clean)} vs {len(dataset_labels)} samples")
+        raise ValueError(
+            f"noise=cifar10n: the clean_label of {path} does not match the training labels ({what}): "
+            "use dataset=cifar10 (torchvision order) or cifar10_jpeg in its original order (order_labels)"
+        )
+    return np.asarray(table[CIFAR10N_SETS[label_set]], dtype=np.int64).reshape(-1)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import os
 import warnings
+from dataclasses import replace
 from multiprocessing import Pool
 from pathlib import Path
 
@@ -410,3 +411,136 @@ def _size_hw(size) -> tuple[int, int] | None:
         return (size, size)
     h, w = size
     return (int(h), int(w))
+
+
+# ---------------------------------------------------------------------------------------------
+# Clothing1M (Xiao et al., CVPR 2015): real noisy labels, standard release layout
+
+#: label order of the release (category_names_eng.txt), used when that file is absent
+CLOTHING1M_CLASSES = ("T-Shirt", "Shirt", "Knitwear", "Chiffon", "Sweater", "Hoodie", "Windbreaker",
+                      "Jacket", "Down Coat", "Suit", "Shawl", "Dress", "Vest", "Underwear")
+CLOTHING1M_FILES = ("noisy_label_kv.txt", "clean_label_kv.txt", "noisy_train_key_list.txt",
+                    "clean_test_key_list.txt")
+#: methods.md §1.1: Resize(256, 256) -> RandomCrop 224 -> HFlip (the crop needs no padding)
+CLOTHING1M_AUGMENT = {"crop": 224, "pad": 0, "flip": True}
+#: a training sample whose clean label the release does not give (most of the 1M)
+UNKNOWN_LABEL = -1
+_CLOTHING1M_CACHE_VERSION = "clothing1m-v1"
+
+
+def clothing1m(
+    name: str = "clothing1m",
+    root: str = "",
+    cache_dir: str | None = "~/.cache/fedlnl",
+    size: int | list[int] = 256,
+    test_size: int | list[int] = 224,
+    max_train: int | None = None,
+    max_test: int | None = None,
+    subsample_seed: int = 0,
+    mean=IMAGENET_MEAN,
+    std=IMAGENET_STD,
+    augment: dict | None = CLOTHING1M_AUGMENT,
+    workers: int | None = None,
+) -> Source:
+    """Clothing1M from its release layout: ``root/images/...`` plus the four annotation files
+    (in ``root`` or ``root/annotations``). Train = ``noisy_train_key_list.txt`` with the noisy
+    labels of ``noisy_label_kv.txt``; test = ``clean_test_key_list.txt`` with clean labels.
+
+    Training images are resized to ``size`` (methods.md §1.1: 256x256, then ``augment`` crops 224
+    and flips), test images to ``test_size`` (224x224, no crop). ``max_train``/``max_test`` keep a
+    uniformly random subset (drawn with ``subsample_seed``, list order kept): the full training set
+    is about 196 GB as uint8 at 256x256. Decoded arrays are cached in ``cache_dir`` (None: no cache).
+    ``y_train_clean`` holds the clean label where ``clean_label_kv.txt`` has one (about 37k of the
+    1M training images) and ``UNKNOWN_LABEL`` (-1) elsewhere; the oracle scores only known ones.
+    """
+    root = _resolve(root)
+    ann = _clothing1m_annotations(root)
+    noisy, clean = _read_kv(ann / "noisy_label_kv.txt"), _read_kv(ann / "clean_label_kv.txt")
+    train_keys = _subsample(_read_keys(ann / "noisy_train_key_list.txt"), max_train, subsample_seed)
+    test_keys = _subsample(_read_keys(ann / "clean_test_key_list.txt"), max_test, subsample_seed)
+    y_train = _labels_of(train_keys, noisy, "noisy_label_kv.txt")
+    y_test = _labels_of(test_keys, clean, "clean_label_kv.txt")
+    y_clean = np.array([clean.get(k, UNKNOWN_LABEL) for k in train_keys], dtype=np.int64)
+    sizes = (_size_hw(size), _size_hw(test_size))
+    cache = _resolve(cache_dir) if cache_dir is not None else None
+    x_train, x_test = _clothing1m_images(root, ann, train_keys, test_keys, sizes, cache, workers)
+    src = _make_source(name, x_train, y_train, x_test, y_test, mean, std, augment, _clothing1m_classes(ann))
+    return replace(src, y_train_clean=torch.from_numpy(y_clean))
+
+
+def _clothing1m_annotations(root: Path) -> Path:
+    """The folder holding the annotation files (root itself or root/annotations)."""
+    for ann in (root, root / "annotations"):
+        if all((ann / f).is_file() for f in CLOTHING1M_FILES) and (root / "images").is_dir():
+            return ann
+    raise DatasetUnavailable(
+        f"Clothing1M not found under {root} (need images/ and {', '.join(CLOTHING1M_FILES)}): request "
+        "the release from the authors (https://github.com/Cysu/noisy_label) and set dataset.root=<its dir>"
+    )
+
+
+def _read_kv(path: Path) -> dict[str, int]:
+    """``key label`` lines -> {key: label}."""
+    out = {}
+    for line in path.read_text().splitlines():
+        parts = line.split()
+        if len(parts) == 2:
+            out[parts[0]] = int(parts[1])
+    return out
+
+
+def _read_keys(path: Path) -> list[str]:
+    return [line.strip() for line in path.read_text().splitlines() if line.strip()]
+
+
+def _subsample(keys: list[str], limit: int | None, seed: int) -> list[str]:
+    """A uniformly random subset of ``limit`` keys in list order (all keys when limit is None)."""
+    if limit is None or limit >= len(keys):
+        return keys
+    if limit < 1:
+        raise ValueError(f"dataset.max_train/max_test must be >= 1 or null (got {limit})")
+    keep = np.sort(np.random.default_rng(seed).choice(len(keys), size=int(limit), replace=False))
+    return [keys[i] for i in keep]
+
+
+def _labels_of(keys: list[str], labels: dict[str, int], source: str) -> np.ndarray:
+    missing = [k for k in keys if k not in labels]
+    if missing:
+        raise ValueError(f"{len(missing)} Clothing1M keys have no label in {source}, e.g. {missing[0]}")
+    return np.array([labels[k] for k in keys], dtype=np.int64)
+
+
+def _clothing1m_classes(ann: Path) -> tuple[str, ...]:
+    names = ann / "category_names_eng.txt"
+    if names.is_file():
+        found = tuple(line.strip() for line in names.read_text().splitlines() if line.strip())
+        if len(found) == len(CLOTHING1M_CLASSES):
+            return found
+    return CLOTHING1M_CLASSES
+
+
+def _clothing1m_images(root: Path, ann: Path, train_keys, test_keys, sizes, cache_dir: Path | None, workers):
+    """(x_train, x_test) uint8 NCHW, decoded once and cached; the cache key covers the annotation
+    files (path, mtime, size), the chosen keys and both sizes (not a stat of every image)."""
+    h = hashlib.blake2b(digest_size=12)
+    h.update(f"{root.resolve()}|{sizes}".encode())
+    for f in CLOTHING1M_FILES:
+        st = (ann / f).stat()
+        h.update(f"{f}|{st.st_mtime_ns}|{st.st_size}\n".encode())
+    for keys in (train_keys, test_keys):
+        h.update("\n".join(keys).encode() + b"|")
+    cache = cache_dir / f"{_CLOTHING1M_CACHE_VERSION}-{h.hexdigest()}.npz" if cache_dir is not None else None
+    if cache is not None and cache.exists():
+        with np.load(cache) as z:
+            return z["x_train"], z["x_test"]
+    try:
+        x_train = _decode_all([root / k for k in train_keys], sizes[0], workers, "decoding clothing1m/train")
+        x_test = _decode_all([root / k for k in test_keys], sizes[1], workers, "decoding clothing1m/test")
+    except FileNotFoundError as err:
+        raise DatasetUnavailable(
+            f"Clothing1M image {err.filename} is missing: the images/ tree under {root} is incomplete "
+            "(extract every images/*.tar of the release there)"
+        ) from err
+    if cache is not None:
+        _write_cache(cache, x_train=x_train, x_test=x_test)
+    return x_train, x_test

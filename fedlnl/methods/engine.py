@@ -264,3 +264,47 @@ def uniform_clients(num_clients: int, frac: float, rng: np.random.Generator) -> 
     """m = max(⌊frac·N⌋, 1) clients uniformly without replacement (sorted)."""
     m = max(int(frac * num_clients), 1)
     return sorted(rng.choice(num_clients, size=m, replace=False).tolist())
+
+
+# ------------------------------------------------------------------------------- robust aggregation
+#: entries per temporary block in the coordinate-wise aggregators: bounds their extra memory
+#: (an 11M-parameter model never needs a full [clients x parameters] copy); results do not depend on it.
+CHUNK_ELEMENTS = 1 << 22
+
+
+def median_lastdim(x: torch.Tensor) -> torch.Tensor:
+    """Median along the last dimension. An even count gives the mean of the two middle values
+    (ARFL's ``median_opt``, methods.md §8), not ``torch.median``'s lower middle value."""
+    n = x.shape[-1]
+    s = x.sort(dim=-1).values
+    if n % 2:
+        return s[..., n // 2]
+    return 0.5 * (s[..., n // 2 - 1] + s[..., n // 2])
+
+
+def client_columns(weights: list[dict[str, torch.Tensor]], key: str, chunk: int = CHUNK_ELEMENTS):
+    """Yield (start, block) over entry ``key`` of every client: ``block`` is [coords, clients] float32
+    for at most ``chunk // clients`` coordinates, so a coordinate-wise rule runs on bounded memory."""
+    n = len(weights)
+    flat = [w[key].reshape(-1) for w in weights]
+    step = max(1, chunk // max(n, 1))
+    for s in range(0, flat[0].numel(), step):
+        yield s, torch.stack([f[s:s + step].float() for f in flat], 1)
+
+
+def coordinate_median(weights: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """Coordinate-wise median over clients (Yin et al. 2018; ARFL's ``simple_median``) of every
+    state-dict entry with >= 1 dimension, BatchNorm statistics included; even counts take the mean
+    of the two middle values. 0-dim entries (``num_batches_tracked``) are copied from the first
+    client, as the reference does. Unweighted: client sizes play no part."""
+    if not weights:
+        raise ValueError("coordinate_median needs at least one client update")
+    out = {}
+    for key, ref in weights[0].items():
+        if ref.dim() == 0:
+            out[key] = ref.clone()
+            continue
+        med = torch.cat([median_lastdim(block) for _, block in client_columns(weights, key)])
+        med = med if ref.is_floating_point() else med.round()
+        out[key] = med.to(ref.dtype).view_as(ref)
+    return out

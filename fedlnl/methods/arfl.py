@@ -1,0 +1,175 @@
+"""ARFL — Fu et al., "Attack-Resistant Federated Learning with Residual-based Reweighting",
+arXiv 1912.11464 (https://github.com/fushuhao6/Attack-Resistant-Federated-Learning,
+``FedAvg/averaging.py::IRLS_aggregation_split_restricted``); configured as in FedCorr (Xu et al.,
+CVPR 2022): λ = 2, δ = 0.1, lr 0.01 on CIFAR / 0.003 on Clothing1M (methods.md §7).
+
+Implementation notes
+- Client: FedCorr's local update (as FedAvg: full local data, cross-entropy, SGD with momentum
+  ``fl.momentum``). The ARFL repository's own client (first 70% of each client's indices, at most 31
+  batches per epoch) is not reproduced: FedCorr states its own client settings for ARFL and whether
+  it reused that client code is unknown (methods.md §7).
+- Server, per state-dict tensor with >= 1 dimension (BatchNorm statistics included) and per
+  coordinate, with y_1..y_n the n client values:
+  1. repeated-median line over (rank, value) of the sorted values: β₁ = med_i med_{j≠i}
+     (y_(i) − y_(j))/(i − j), β₀ = med(y) − β₁(n−1)/2 (Siegel 1982);
+  2. residual r_i = y_i − (β₀ + β₁ rank_i);
+  3. robust scale τ = 1.4826 (1 + 5/(n−1)) · med(|r| without its smallest value) + 1e-7, e = r/τ;
+  4. leverage h_i of the design [1, rank] (closed form 1/n + (rank_i − r̄)²/Σ(rank − r̄)², equal to
+     the reference's hat-matrix diagonal), IRLS weight w_i = min(1, K√(1−h_i)/|e_i|) with
+     K = λ√(2/n) (Huber-type; e_i = 0 gives 1);
+  5. confidence w_i · std_i(w) (unbiased std over clients), summed over all coordinates → s_k;
+  6. clipping: a coordinate whose w_i < δ is replaced by the line's value at its rank.
+  Then s ← (s / max s)², and the global model is Σ_k s_k/Σs · (clipped model k). Client sizes
+  play no part; models with NaN/Inf entries are dropped; 0-dim entries (``num_batches_tracked``)
+  skip the IRLS step and are averaged with the same client weights (rounded).
+- Vectorised with torch over blocks of coordinates (``engine.client_columns``), so memory stays
+  bounded for 11M-parameter models; the clipped values are kept as sparse corrections, so no
+  second full copy of the client models is made. Median of an even count = mean of the two middle
+  values (``engine.median_lastdim``, the reference's ``median_opt``).
+
+Decisions where the reference is silent or degenerate (documented deviations)
+- Ties: equal client values share their mean rank (midranks). The reference ranks ties in sort
+  order (arbitrary on GPU), so two identical client models could receive different weights; with
+  midranks identical clients always get identical weights. Without ties both coincide.
+- If every confidence is 0 (e.g. all client models identical: every w is 1 and its std 0; the
+  reference divides 0 by 0 here) or fewer than 3 clients remain (the scale's 1/(n−1) and the
+  leverage degenerate), the clients are averaged uniformly.
+- The per-client weights s_k/Σs are returned in the round metrics as ``arfl_w_min`` /
+  ``arfl_w_max`` and recorded under ``ctx.record("arfl_weights", ...)`` for diagnostics.
+- As FedCorr's stage-3 delegate (FedCorr + ARFL) ``init`` takes the current global weights; the
+  method is stateless.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from fedlnl.methods import engine
+from fedlnl.methods.protocol import ClientUpdate
+
+#: the reference's constant in the scale of residuals: 1.4826 (1 + 5/(n−1)) · MAD-like statistic
+_MAD_CONSISTENCY = 1.4826
+
+
+def repeated_median_line(y_sorted: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(β₀, β₁) of Siegel's repeated-median line through (i, y_(i)), i = 0..n−1, per row of the
+    sorted values [C, n]: β₁ = med_i med_{j≠i} (y_i − y_j)/(i − j), β₀ = med(y) − β₁ (n−1)/2."""
+    n = y_sorted.shape[1]
+    x = torch.arange(n, dtype=y_sorted.dtype, device=y_sorted.device)
+    dx = x[:, None] - x[None, :]  # [n, n], zero on the diagonal
+    off = ~torch.eye(n, dtype=torch.bool, device=y_sorted.device)
+    dy = y_sorted[:, :, None] - y_sorted[:, None, :]  # [C, n, n]
+    slopes = (dy[:, off] / dx[off]).view(-1, n, n - 1)  # j ≠ i only
+    beta1 = engine.median_lastdim(engine.median_lastdim(slopes))
+    beta0 = engine.median_lastdim(y_sorted) - beta1 * (n - 1) / 2.0
+    return beta0, beta1
+
+
+def midranks(y: torch.Tensor) -> torch.Tensor:
+    """Rank of each value in its row (0-based); tied values share their mean rank."""
+    less = (y[:, None, :] < y[:, :, None]).sum(-1)
+    equal = (y[:, None, :] == y[:, :, None]).sum(-1)
+    return less.to(y.dtype) + (equal.to(y.dtype) - 1.0) / 2.0
+
+
+def irls_block(y: torch.Tensor, lam: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """IRLS weights w [C, n] and the fitted line at each client's rank [C, n] for values y [C, n]."""
+    n = y.shape[1]
+    beta0, beta1 = repeated_median_line(y.sort(dim=1).values)
+    rank = midranks(y)
+    line = beta0[:, None] + beta1[:, None] * rank
+    r = y - line
+    m = engine.median_lastdim(r.abs().sort(dim=1).values[:, 1:])  # without the smallest |r|
+    tau = _MAD_CONSISTENCY * (1.0 + 5.0 / (n - 1)) * m + 1e-7
+    e = r / tau[:, None]
+    centred = rank - rank.mean(dim=1, keepdim=True)
+    ss = (centred ** 2).sum(dim=1, keepdim=True)
+    h = 1.0 / n + torch.where(ss > 0, centred ** 2 / ss.clamp_min(1e-30), torch.zeros_like(ss))
+    K = lam * math.sqrt(2.0 / n)
+    w = (K * (1.0 - h).clamp_min(0.0).sqrt() / e.abs()).clamp(max=1.0)
+    w = torch.where(e == 0, torch.ones_like(w), w)  # the reference's 0/0 → NaN → 1
+    return w, line
+
+
+def irls_aggregate(weights: list[dict[str, torch.Tensor]], lam: float, delta: float):
+    """ARFL's residual-based reweighting (``IRLS_aggregation_split_restricted``).
+
+    Returns (global state dict, per-client weights summing to 1, aligned with ``weights``; a dropped
+    non-finite model gets 0)."""
+    valid = [i for i, w in enumerate(weights)
+             if all(torch.isfinite(t).all() for t in w.values() if t.is_floating_point())]
+    if not valid:
+        raise ValueError("ARFL: every client model has NaN/Inf entries")
+    ws = [weights[i] for i in valid]
+    n = len(ws)
+    device = next(iter(ws[0].values())).device
+    scores = torch.zeros(n, dtype=torch.float64, device=device)
+    corrections = []  # (key, flat coordinate, client, line − y) where w < δ
+    if n >= 3:
+        for key, ref in ws[0].items():
+            if ref.dim() == 0 or not ref.is_floating_point():
+                continue
+            # blocks of CHUNK_ELEMENTS / n² coordinates: the pairwise slopes are [coords, n, n]
+            for start, y in engine.client_columns(ws, key, engine.CHUNK_ELEMENTS // n):
+                w, line = irls_block(y, lam)
+                conf = w * w.std(dim=1, keepdim=True)
+                scores += conf.sum(dim=0, dtype=torch.float64)
+                rows, cols = (w < delta).nonzero(as_tuple=True)
+                if rows.numel():
+                    corrections.append((key, rows + start, cols, (line - y)[rows, cols]))
+    top = scores.max()
+    if n < 3 or not torch.isfinite(top) or top <= 0:
+        coef = torch.full((n,), 1.0 / n, dtype=torch.float64, device=device)
+    else:
+        s = (scores / top) ** 2
+        coef = s / s.sum()
+    out = engine.weighted_average(ws, coef.cpu().numpy())
+    for key, coords, clients, diff in corrections:
+        flat = out[key].view(-1)
+        flat.index_add_(0, coords, (coef[clients] * diff.double()).to(flat.dtype))
+    full = torch.zeros(len(weights), dtype=torch.float64)
+    full[valid] = coef.cpu()
+    return out, full
+
+
+class ARFL:
+    def __init__(self, rounds, frac, local_epochs, batch_size, lr, momentum, weight_decay, augment,
+                 lam, delta):
+        if not lam > 0:
+            raise ValueError(f"method.lam={lam!r} is invalid: allowed a Huber constant λ > 0")
+        if not 0.0 <= delta <= 1.0:
+            raise ValueError(f"method.delta={delta!r} is invalid: allowed a clipping threshold in [0, 1]")
+        self.rounds, self.frac = rounds, frac
+        self.local_epochs, self.batch_size = local_epochs, batch_size
+        self.lr, self.momentum, self.weight_decay, self.augment = lr, momentum, weight_decay, augment
+        self.lam, self.delta = lam, delta
+
+    def total_rounds(self, info):
+        return self.rounds
+
+    def init(self, model, info, ctx):
+        return {"model": model, "global": engine.get_weights(model)}
+
+    def sample_clients(self, state, ctx):
+        return engine.uniform_clients(ctx.num_clients, self.frac, ctx.rng("sample"))
+
+    def client_update(self, state, client, ctx):
+        model = state["model"]
+        engine.set_weights(model, state["global"])
+        loss = engine.local_train(
+            model, client.data, client.indices, client.labels,
+            epochs=self.local_epochs, batch_size=self.batch_size, lr=self.lr,
+            momentum=self.momentum, weight_decay=self.weight_decay, augment=self.augment,
+            gen=ctx.generator("train", client.id),
+        )
+        return ClientUpdate(client.id, engine.get_weights(model), client.size, train_loss=loss)
+
+    def aggregate(self, state, updates, ctx):
+        state["global"], coef = irls_aggregate([u.weights for u in updates], self.lam, self.delta)
+        ctx.record("arfl_weights", {str(u.client): float(c) for u, c in zip(updates, coef)})
+        return state, {"arfl_w_min": float(coef.min()), "arfl_w_max": float(coef.max())}
+
+    def eval_model(self, state):
+        engine.set_weights(state["model"], state["global"])
+        return state["model"]

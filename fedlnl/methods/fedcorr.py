@@ -1,0 +1,446 @@
+"""FedCorr — Xu, Chen, Liu, Zhou, Wang, Li, Wang, Huang, "FedCorr: Multi-Stage Federated Learning
+for Label Noise Correction", CVPR 2022. Official code: https://github.com/Xu-Jingyi/FedCorr
+(methods.md §2: stages, state, LID estimator, hyperparameters, code-vs-paper divergences Q1–Q25).
+
+Three stages, decided from ``ctx.round`` (total rounds = T1·S + T2 + T3, see ``schedule``):
+
+1. **Pre-processing** (T1 iterations; "fraction scheduling"). Each iteration is S sub-rounds (runner
+   rounds). With fraction scheduling (γ₁ = 1/N) a sub-round trains one client, all N in a random
+   order without repetition, and the "aggregate" of one model is that model: stage 1 is sequential
+   (Q4). Client k starts from the current global model w_g and minimises CE on mixup (α) plus
+   β·μ̂_k^(t−1)·‖w − w_g‖² (Eq. 5; μ̂ from the previous iteration, 0 at first). It then scores its own
+   samples with its trained model: LID of the softmax outputs (Eq. 2, k = ``lid_k``, self excluded;
+   its mean is uploaded as ``payload["lid"]``) and per-sample losses, which the client keeps in its
+   memory (``state["losses"][k]``, the client's own computation reused at the end of the iteration,
+   as the reference does; recomputing them with the final global model would change the method).
+   At the last sub-round of an iteration the server adds the LIDs to the cumulative LID, fits a
+   2-component GMM (scikit-learn defaults) → LID-noisy clients (the larger-mean component). Each
+   noisy client fits a GMM on its per-sample losses → its noisy samples D_k^n and μ̂_k = |D_k^n|/n_k
+   (μ̂ = 0 for LID-clean clients; recomputed each iteration, Q14, from this iteration's losses, Q16).
+   With ``correction``, each noisy client relabels to the global model's prediction the top
+   ⌊π·|D_k^n|⌋ samples by loss whose global confidence is ≥ θ (Eqs. 6–7).
+2. **Fine-tuning** (T2 rounds): FedAvg with fraction γ = ``frac`` over S_c = {k : μ̂_k ≤ κ} (no prox);
+   then (``correction``) the noisy clients relabel every sample whose global confidence is ≥ θ.
+   An empty S_c stops the run with a ValueError naming ``method.kappa`` (the reference divides by 0).
+3. **Usual training** (T3 rounds): FedAvg with fraction γ on all clients and the corrected labels;
+   or, with ``stage3`` set to another method's config, that method for T3 rounds (paper Fig. 4):
+   ``stage3.init(model with the current global weights, info, ctx)`` at the first stage-3 round, then
+   its sample_clients / client_update / aggregate / eval_model. Its own ``rounds`` is ignored (T3
+   counts). It sees a context whose ``round`` starts at 0 with ``total_rounds`` = T3 and whose seed is
+   derived from the run seed (so its draws do not repeat FedCorr's). Labels corrected in stages 1–2
+   reach it through the client views.
+
+Local training everywhere: ``fl.local_epochs`` epochs of SGD (momentum 0.5, fresh optimiser), batch
+``fl.batch_size``; server: n_k-weighted average of every state-dict entry (Q21). Relabels go through
+``ctx.relabel`` (applied by the runner to every later view, permanent). Communication cost: one per
+client trained, so CIFAR-10 totals 100·5 + 10·500 + 10·450 = 10,000 (methods.md §14).
+
+Fidelity switches (default ``${fidelity:<paper>,<reference>}``; ``fidelity=reference`` = official code)
+
+| switch | paper (default) | reference (``fidelity=reference``) | methods.md |
+|---|---|---|---|
+| ``prox_form`` | ``squared``: ‖w − w_g‖² (Eq. 5) | ``norm``: ‖w − w_g‖ (not squared) | Q6 |
+| ``prox_skip_first`` | false | true: no prox on the first batch of every epoch | Q6 |
+| ``mixup_all_stages`` | false: mixup in stage 1 only (Eq. 5) | true: mixup in all three stages | Q7 |
+| ``loss_on`` | ``logits``: CE of the logits | ``softmax``: CE of the softmax (double softmax) | Q9 |
+| ``score_augment`` | false: LID, losses, relabel predictions on plain images | true: on augmented (crop/flip) views, in eval mode | Q8 |
+| ``rank_model`` | ``global``: rank by the global model's loss (Eq. 6) | ``local``: by the client's post-training loss | Q10 |
+| ``rank_pool`` | ``noisy``: top ⌊π·|D_k^n|⌋ among the GMM-noisy samples | ``all``: top int(n_k·μ̂_k·π) over all samples | Q10 |
+| ``strict_threshold`` | false: confidence ≥ θ (Eq. 7) | true: confidence > θ | Q11 |
+| ``stage2_relabel`` | ``unclean``: clients S∖S_c (μ̂_k above κ) | ``lid_noisy``: last LID-noisy set | Q13 |
+| ``stage1_replace`` | false: every client once per iteration | true: draws with replacement within a sub-round | Q5 |
+
+``stage1_replace`` only matters without fraction scheduling (one client per sub-round cannot repeat).
+Then the reference runs ⌊1/γ⌋ sub-rounds of ⌊γN⌋ draws (a client may train twice in a sub-round and
+another not at all in that iteration: its LID adds 0 and its loss memory is the last one it made);
+the paper setting runs ⌈N/m⌉ sub-rounds over one permutation (m = ⌊γN⌋, the last possibly smaller).
+Both agree whenever m divides N, as in every paper setting.
+``kappa_cmp`` (``le`` | ``lt``) is a plain switch: Sec. 3.3 and the code use μ̂ ≤ κ (default),
+Algorithm 1 line 14 writes μ < 0.1 (Q12).
+
+Ablations (FedCorr Table 6), all true by default: ``correction`` (no relabeling in stages 1–2 when
+false; noise estimation still runs), ``fraction_scheduling`` (false: stage 1 uses γ = ``frac`` and
+averages each sub-round's models, anchors the prox at the sub-round's global model), ``local_prox``
+(false: β = 0), ``fine_tuning`` (false: stage 2 and its relabeling skipped), ``usual_training``
+(false: stage 3 skipped), ``mixup`` (false: plain CE everywhere). T2 = 0 / T3 = 0 skip the stage
+the same way.
+
+Implementation notes and decisions where paper and code are silent
+- The global model of stage 1 changes after every client; the model used to relabel at the end of
+  an iteration is the one after its last sub-round (as in the code).
+- LID: exact Euclidean distances in probability space, float64; duplicate outputs give LID 0 (as the
+  code); with ≤ k samples k' = n − 1 neighbours (the code keeps k in the numerator) — ``lnl.lid_scores``.
+- GMM ``random_state`` comes from ``ctx.rng`` (the code uses the run seed for every GMM).
+- Diagnostics at the end of every iteration: ``ctx.report_clients`` (LID-noisy flag and μ̂ for every
+  client), ``ctx.report_samples`` over every client's samples (GMM-noisy for LID-noisy clients, none
+  flagged for LID-clean clients, so recall counts the noisy samples of missed clients), and
+  ``ctx.record("lid" / "lid/iter{t}", ...)`` with the per-iteration and cumulative LIDs, the LID-GMM
+  parameters, the noisy set and μ̂ (FedCorr Figs. 3, 6). Stage 2 records ``"finetuning"``.
+- Stage 2 picks m = min(max(⌊γN⌋, 1), |S_c|) clients uniformly without replacement (as the code).
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import math
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from fedlnl.methods import engine, lnl
+from fedlnl.methods.protocol import ClientUpdate
+
+PRE, FT, USUAL = "preprocessing", "finetuning", "usual"
+STAGES = (PRE, FT, USUAL)
+
+#: allowed values of the string switches (the first is the paper's)
+CHOICES = {
+    "prox_form": engine.PROX_FORMS,
+    "loss_on": ("logits", "softmax"),
+    "rank_model": ("global", "local"),
+    "rank_pool": ("noisy", "all"),
+    "stage2_relabel": ("unclean", "lid_noisy"),
+    "kappa_cmp": ("le", "lt"),
+}
+FLAGS = ("correction", "fraction_scheduling", "local_prox", "fine_tuning", "usual_training", "mixup",
+         "prox_skip_first", "mixup_all_stages", "score_augment", "strict_threshold", "stage1_replace",
+         "augment")
+HOOKS = ("total_rounds", "init", "sample_clients", "client_update", "aggregate", "eval_model")
+
+
+# ----------------------------------------------------------------------------------- schedule
+def stage1_shape(num_clients: int, frac: float, fraction_scheduling: bool, replace: bool):
+    """(sub-rounds per stage-1 iteration S, clients drawn per sub-round m)."""
+    if fraction_scheduling:
+        return num_clients, 1  # γ₁ = 1/N: one client per sub-round, N sub-rounds
+    m = max(int(frac * num_clients), 1)
+    if replace:  # the reference: ⌊1/γ⌋ sub-rounds of ⌊γN⌋ draws
+        return max(int(1.0 / frac + 1e-9), 1), m
+    return math.ceil(num_clients / m), m  # one permutation cut into chunks of m
+
+
+def stage_lengths(num_clients, T1, T2, T3, frac, *, fraction_scheduling=True, fine_tuning=True,
+                  usual_training=True, replace=False) -> dict[str, int]:
+    """Rounds of the runner spent in each stage."""
+    s, _ = stage1_shape(num_clients, frac, fraction_scheduling, replace)
+    return {PRE: T1 * s, FT: T2 if fine_tuning else 0, USUAL: T3 if usual_training else 0}
+
+
+def schedule(num_clients, T1, T2, T3, frac, *, fraction_scheduling=True, fine_tuning=True,
+             usual_training=True, replace=False, num_clean=None) -> list[tuple[str, int]]:
+    """(stage, clients trained) for every round, computed without training. Stage 2 assumes
+    ``num_clean`` = |S_c| clients qualify (all, if None); stage 3 is FedCorr's own FedAvg.
+    The sum of the second entries is the total communication cost (methods.md §14)."""
+    s, m = stage1_shape(num_clients, frac, fraction_scheduling, replace)
+    m23 = max(int(frac * num_clients), 1)
+    out = []
+    for _ in range(T1):
+        for j in range(s):
+            out.append((PRE, m if replace or fraction_scheduling else min(m, num_clients - j * m)))
+    if fine_tuning:
+        out += [(FT, min(m23, num_clients if num_clean is None else num_clean))] * T2
+    if usual_training:
+        out += [(USUAL, m23)] * T3
+    return out
+
+
+def _derived_seed(seed: int, tag: str) -> int:
+    return int.from_bytes(hashlib.blake2b(f"{seed}/{tag}".encode(), digest_size=8).digest(), "little") >> 1
+
+
+# ----------------------------------------------------------------------------------- the method
+class FedCorr:
+    def __init__(self, frac, local_epochs, batch_size, lr, momentum, weight_decay, augment,
+                 score_batch_size, T1, T2, T3, beta, theta, pi_, kappa, lid_k, mixup_alpha,
+                 correction, fraction_scheduling, local_prox, fine_tuning, usual_training, mixup,
+                 prox_form, prox_skip_first, mixup_all_stages, loss_on, score_augment, rank_model,
+                 rank_pool, strict_threshold, stage2_relabel, stage1_replace, kappa_cmp, stage3):
+        self.frac, self.local_epochs, self.batch_size = frac, local_epochs, batch_size
+        self.lr, self.momentum, self.weight_decay, self.augment = lr, momentum, weight_decay, augment
+        self.score_batch_size = score_batch_size
+        self.T1, self.T2, self.T3 = T1, T2, T3
+        self.beta, self.theta, self.pi_, self.kappa = beta, theta, pi_, kappa
+        self.lid_k, self.mixup_alpha = lid_k, mixup_alpha
+        self.correction, self.fraction_scheduling, self.local_prox = correction, fraction_scheduling, local_prox
+        self.fine_tuning, self.usual_training, self.mixup = fine_tuning, usual_training, mixup
+        self.prox_form, self.prox_skip_first, self.mixup_all_stages = prox_form, prox_skip_first, mixup_all_stages
+        self.loss_on, self.score_augment = loss_on, score_augment
+        self.rank_model, self.rank_pool, self.strict_threshold = rank_model, rank_pool, strict_threshold
+        self.stage2_relabel, self.stage1_replace, self.kappa_cmp = stage2_relabel, stage1_replace, kappa_cmp
+        self.stage3 = stage3
+        self._validate()
+
+    def _validate(self) -> None:
+        def bad(key, allowed):
+            raise ValueError(f"method.{key}={getattr(self, key)!r} is invalid: allowed {allowed}")
+
+        for key, allowed in CHOICES.items():
+            if getattr(self, key) not in allowed:
+                bad(key, ", ".join(allowed))
+        for key in FLAGS:
+            if not isinstance(getattr(self, key), bool):
+                bad(key, "true or false")
+        is_int = lambda v: isinstance(v, int) and not isinstance(v, bool)  # noqa: E731
+        for key, low in (("T1", 1), ("T2", 0), ("T3", 0), ("lid_k", 1), ("local_epochs", 1),
+                         ("batch_size", 1), ("score_batch_size", 1)):
+            if not is_int(getattr(self, key)) or getattr(self, key) < low:
+                bad(key, f"an integer >= {low}")
+        num = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)  # noqa: E731
+        for key, ok, allowed in (
+            ("frac", lambda v: 0 < v <= 1, "a fraction in (0, 1]"),
+            ("lr", lambda v: v > 0, "a learning rate > 0"),
+            ("beta", lambda v: v >= 0, "a weight >= 0"),
+            ("theta", lambda v: 0 <= v <= 1, "a confidence in [0, 1]"),
+            ("pi_", lambda v: 0 <= v <= 1, "a share in [0, 1]"),
+            ("kappa", lambda v: 0 <= v <= 1, "a noise level in [0, 1]"),
+            ("mixup_alpha", lambda v: v > 0, "a Beta concentration > 0"),
+            ("momentum", lambda v: 0 <= v < 1, "a momentum in [0, 1)"),
+            ("weight_decay", lambda v: v >= 0, "a weight decay >= 0"),
+        ):
+            if not num(getattr(self, key)) or not ok(getattr(self, key)):
+                bad(key, allowed)
+        if self.stage3 is not None and not all(callable(getattr(self.stage3, h, None)) for h in HOOKS):
+            bad("stage3", "null or a method config (e.g. +method@method.stage3=fedprox)")
+
+    # ------------------------------------------------------------------ stages
+    def _lengths(self, num_clients: int) -> dict[str, int]:
+        return stage_lengths(num_clients, self.T1, self.T2, self.T3, self.frac,
+                             fraction_scheduling=self.fraction_scheduling, fine_tuning=self.fine_tuning,
+                             usual_training=self.usual_training, replace=self.stage1_replace)
+
+    def total_rounds(self, info):
+        return sum(self._lengths(info.num_clients).values())
+
+    @staticmethod
+    def _where(state, rnd: int) -> tuple[str, int]:
+        """(stage, round within the stage) of a runner round."""
+        for stage in STAGES:
+            n = state["lengths"][stage]
+            if rnd < n:
+                return stage, rnd
+            rnd -= n
+        raise IndexError("round beyond FedCorr's last stage")
+
+    def _delegating(self, stage: str) -> bool:
+        return stage == USUAL and self.stage3 is not None
+
+    def _ctx3(self, state, ctx):
+        """The delegate's context: rounds counted from the start of stage 3, its own seed."""
+        return dataclasses.replace(ctx, round=ctx.round - state["start3"],
+                                   total_rounds=state["lengths"][USUAL], seed=state["seed3"])
+
+    def _clean(self, mu_hat: np.ndarray) -> np.ndarray:
+        """S_c membership: μ̂_k ≤ κ (Sec. 3.3, code) or < κ (Algorithm 1)."""
+        return mu_hat <= self.kappa if self.kappa_cmp == "le" else mu_hat < self.kappa
+
+    # ------------------------------------------------------------------ hooks
+    def init(self, model, info, ctx):
+        n = info.num_clients
+        lengths = self._lengths(n)
+        return {
+            "model": model, "global": engine.get_weights(model), "info": info, "lengths": lengths,
+            "shape1": stage1_shape(n, self.frac, self.fraction_scheduling, self.stage1_replace),
+            "lid_cum": np.zeros(n), "lid_iter": np.zeros(n), "mu_hat": np.zeros(n),
+            "noisy": np.zeros(n, dtype=bool), "losses": {}, "plan": [], "occ": {},
+            "clean_pool": [], "stage3": None, "start3": lengths[PRE] + lengths[FT],
+            "seed3": _derived_seed(info.seed, "fedcorr/stage3"),
+        }
+
+    def sample_clients(self, state, ctx):
+        stage, r = self._where(state, ctx.round)
+        n = ctx.num_clients
+        state["occ"] = {}
+        if stage == PRE:
+            s_count, _ = state["shape1"]
+            t, s = divmod(r, s_count)
+            if s == 0:  # a new iteration: its whole client order is drawn now
+                state["plan"] = self._stage1_plan(n, ctx.rng("fedcorr", "stage1_order"))
+                state["lid_iter"] = np.zeros(n)
+            return state["plan"][s]
+        if stage == FT:
+            if r == 0:
+                state["clean_pool"] = self._clean_pool(state, ctx)
+            pool = state["clean_pool"]
+            m = min(max(int(self.frac * n), 1), len(pool))
+            return sorted(ctx.rng("sample").choice(pool, size=m, replace=False).tolist())
+        if self.stage3 is not None:
+            if r == 0:
+                engine.set_weights(state["model"], state["global"])
+                state["stage3"] = self.stage3.init(state["model"], state["info"], self._ctx3(state, ctx))
+            return self.stage3.sample_clients(state["stage3"], self._ctx3(state, ctx))
+        return engine.uniform_clients(n, self.frac, ctx.rng("sample"))
+
+    def _stage1_plan(self, n: int, rng: np.random.Generator) -> list[list[int]]:
+        """The client lists of one iteration's sub-rounds."""
+        s_count, m = stage1_shape(n, self.frac, self.fraction_scheduling, self.stage1_replace)
+        if not self.stage1_replace or m == 1:
+            order = rng.permutation(n).tolist()
+            return [order[j * m:(j + 1) * m] for j in range(s_count)]
+        plan, left = [], np.arange(n)
+        for _ in range(s_count):  # Q5: with replacement within a sub-round, none drawn twice across
+            draw = rng.choice(left, size=m, replace=True)
+            plan.append(draw.tolist())
+            left = np.setdiff1d(left, draw)
+        return plan
+
+    def _clean_pool(self, state, ctx) -> list[int]:
+        pool = np.flatnonzero(self._clean(state["mu_hat"])).tolist()
+        if not pool:
+            op = "<=" if self.kappa_cmp == "le" else "<"
+            raise ValueError(
+                f"method.kappa={self.kappa}: no client has an estimated noise level mu_hat {op} kappa "
+                f"after pre-processing (min mu_hat = {state['mu_hat'].min():.3f}), so fine-tuning has no "
+                "clients; raise method.kappa or set method.fine_tuning=false")
+        ctx.record("finetuning", {"clean_pool": pool, "mu_hat": state["mu_hat"].tolist()})
+        return pool
+
+    def client_update(self, state, client, ctx):
+        stage, _ = self._where(state, ctx.round)
+        if self._delegating(stage):
+            return self.stage3.client_update(state["stage3"], client, self._ctx3(state, ctx))
+        k = client.id
+        occ = state["occ"].get(k, 0)  # a client drawn twice in one sub-round (Q5) trains twice
+        state["occ"][k] = occ + 1
+        prox_mu = self.beta * float(state["mu_hat"][k]) if stage == PRE and self.local_prox else 0.0
+        use_mixup = self.mixup and (stage == PRE or self.mixup_all_stages)
+        model = state["model"]
+        loss = self._local_train(model, state["global"], client, ctx.generator("fedcorr_train", k, occ),
+                                 use_mixup, prox_mu)
+        update = ClientUpdate(k, engine.get_weights(model), client.size, train_loss=loss)
+        if stage == PRE:
+            # The client scores its own samples with its trained model: LID upload (Eq. 2) and
+            # per-sample losses it keeps for the end-of-iteration GMM (client memory).
+            logits = engine.predict(model, client.data, client.indices, self.score_batch_size,
+                                    augment=self.score_augment, gen=ctx.generator("fedcorr_score", k, occ))
+            lid = float(lnl.lid_scores(logits.softmax(dim=1), self.lid_k).mean())
+            state["losses"][k] = lnl.sample_losses(logits, client.labels, self.loss_on)
+            update.payload = {"lid": lid}
+        return update
+
+    def _local_train(self, model, global_w, client, gen, use_mixup: bool, prox_mu: float) -> float:
+        engine.set_weights(model, global_w)
+        anchor = engine.param_anchor(model) if prox_mu > 0 else None
+
+        def loss_fn(model, xb, yb, step, gen):
+            if use_mixup:  # CE on mixup (Zhang et al. 2018), the first term of Eq. 5
+                xm, ya, yb2, lam = engine.mixup(xb, yb, self.mixup_alpha, gen)
+                loss = engine.mixup_ce(model(xm), ya, yb2, lam)
+            else:
+                loss = F.cross_entropy(model(xb), yb)
+            if anchor is not None and not (self.prox_skip_first and step == 0):
+                # β·μ̂_k·‖w − w_g‖² (Eq. 5), or the code's ‖w − w_g‖ (Q6)
+                loss = loss + prox_mu * engine.prox_penalty(model, anchor, self.prox_form)
+            return loss
+
+        return engine.local_train(
+            model, client.data, client.indices, client.labels, epochs=self.local_epochs,
+            batch_size=self.batch_size, lr=self.lr, momentum=self.momentum,
+            weight_decay=self.weight_decay, augment=self.augment, gen=gen, loss_fn=loss_fn)
+
+    def aggregate(self, state, updates, ctx):
+        stage, r = self._where(state, ctx.round)
+        if self._delegating(stage):
+            state["stage3"], metrics = self.stage3.aggregate(state["stage3"], updates, self._ctx3(state, ctx))
+            return state, {**metrics, "stage": USUAL}
+        state["global"] = engine.weighted_average([u.weights for u in updates],
+                                                  [u.num_samples for u in updates])
+        metrics: dict = {"stage": stage}
+        if stage == PRE:
+            for u in updates:
+                state["lid_iter"][u.client] = u.payload["lid"]
+            s_count, _ = state["shape1"]
+            t, s = divmod(r, s_count)
+            if s == s_count - 1:
+                metrics.update(self._end_iteration(state, t, ctx))
+        elif stage == FT and r == state["lengths"][FT] - 1 and self.correction:
+            metrics["stage2_relabeled"] = self._finetune_relabel(state, ctx)
+        return state, metrics
+
+    def eval_model(self, state):
+        if state["stage3"] is not None:
+            return self.stage3.eval_model(state["stage3"])
+        engine.set_weights(state["model"], state["global"])
+        return state["model"]
+
+    # ------------------------------------------------------------------ server steps
+    def _gmm_seed(self, ctx, *keys) -> int:
+        return int(ctx.rng("fedcorr_gmm", *keys).integers(2**31 - 1))
+
+    def _end_iteration(self, state, t: int, ctx) -> dict:
+        """Cumulative-LID client split, per-client loss GMMs → μ̂, diagnostics, stage-1 relabel."""
+        n = ctx.num_clients
+        state["lid_cum"] = state["lid_cum"] + state["lid_iter"]
+        split = lnl.gmm_split(state["lid_cum"], self._gmm_seed(ctx, "lid"))
+        noisy = split.high  # clean = the smaller-mean component
+        mu_hat, flags = np.zeros(n), {}
+        for k in np.flatnonzero(noisy).tolist():
+            losses = state["losses"].get(k)
+            if losses is None:  # never trained yet (possible only with stage1_replace)
+                continue
+            g = lnl.gmm_split(losses.cpu().numpy(), self._gmm_seed(ctx, "loss", k))
+            mu_hat[k] = g.share_high  # μ̂_k = |D_k^n| / n_k
+            flags[k] = torch.as_tensor(g.high, device=losses.device)
+        state["mu_hat"], state["noisy"] = mu_hat, noisy
+        self._report(state, t, split, flags, ctx)
+        relabeled = self._stage1_relabel(state, flags, ctx) if self.correction else 0
+        return {"iteration": t + 1, "lid_noisy_clients": int(noisy.sum()),
+                "mu_hat_mean": float(mu_hat.mean()), "stage1_relabeled": relabeled}
+
+    def _report(self, state, t, split, flags, ctx) -> None:
+        n = ctx.num_clients
+        noisy, mu_hat = state["noisy"], state["mu_hat"]
+        ctx.report_clients(is_noisy={k: bool(noisy[k]) for k in range(n)},
+                           mu_hat={k: float(mu_hat[k]) for k in range(n)})
+        idx, flagged = [], []
+        for k in range(n):
+            view = ctx.views(k)
+            idx.append(view.indices)
+            flagged.append(flags.get(k, torch.zeros(view.size, dtype=torch.bool)).to(view.indices.device))
+        ctx.report_samples(torch.cat(idx), torch.cat(flagged))
+        rec = {"iteration": t + 1, "lid": state["lid_iter"].tolist(), "cumulative_lid": state["lid_cum"].tolist(),
+               "gmm": split.params(), "noisy": noisy.tolist(), "mu_hat": mu_hat.tolist()}
+        ctx.record("lid", rec)
+        ctx.record(f"lid/iter{t + 1}", rec)
+
+    def _global_predict(self, state, view, ctx, key: str) -> torch.Tensor:
+        model = state["model"]
+        engine.set_weights(model, state["global"])
+        return engine.predict(model, view.data, view.indices, self.score_batch_size,
+                              augment=self.score_augment, gen=ctx.generator(key, view.id))
+
+    def _stage1_relabel(self, state, flags, ctx) -> int:
+        """Eqs. 6–7 for every LID-noisy client: top ⌊π·|D_k^n|⌋ by loss, confidence ≥ θ → argmax."""
+        total = 0
+        for k, noisy_mask in flags.items():
+            view = ctx.views(k)
+            logits = self._global_predict(state, view, ctx, "fedcorr_relabel1")
+            probs = logits.softmax(dim=1)
+            count = int(self.pi_ * int(noisy_mask.sum()))
+            scores = (lnl.sample_losses(logits, view.labels, self.loss_on) if self.rank_model == "global"
+                      else state["losses"][k])
+            pool = noisy_mask if self.rank_pool == "noisy" else None
+            mask = lnl.relabel_mask(probs, self.theta, self.strict_threshold, scores, count, pool)
+            total += self._relabel(view, mask, probs, ctx)
+        return total
+
+    def _finetune_relabel(self, state, ctx) -> int:
+        """After fine-tuning: every confident sample of the noisy clients → global prediction."""
+        if self.stage2_relabel == "unclean":
+            targets = np.flatnonzero(~self._clean(state["mu_hat"])).tolist()
+        else:
+            targets = np.flatnonzero(state["noisy"]).tolist()
+        total = 0
+        for k in targets:
+            view = ctx.views(k)
+            probs = self._global_predict(state, view, ctx, "fedcorr_relabel2").softmax(dim=1)
+            total += self._relabel(view, lnl.relabel_mask(probs, self.theta, self.strict_threshold), probs, ctx)
+        return total
+
+    @staticmethod
+    def _relabel(view, mask: torch.Tensor, probs: torch.Tensor, ctx) -> int:
+        new = probs.argmax(dim=1)
+        changed = mask & (new != view.labels)
+        if changed.any():
+            ctx.relabel(view.indices[changed], new[changed])
+        return int(changed.sum())

@@ -1,0 +1,549 @@
+"""FedDiv — Li, Li, Cheng, Liao, Yu, "FedDiv: Collaborative Noise Filtering for Federated Learning
+with Noisy Labels", AAAI 2024 (arXiv 2312.12263). Official code: https://github.com/lijichang/FLNL-FedDiv
+(folder ``code release/``, commit 918624c). Facts: methods.md §3 (code), §3.5 (hyperparameters), §3.6
+(divergences), §16 (Tables 1–5).
+
+Algorithm (runner rounds; N clients, m = max(⌊ω·N⌋, 1) per training round)
+- Warm-up, 𝒯_wu iterations = 𝒯_wu·N rounds: every iteration visits the clients in a fresh random
+  order, one client per round; it trains the current global model (mixup + η·prior regulariser) and
+  its model *becomes* the global model (sequential, as FedCorr stage 1; "aggregation" is a copy).
+- Training, 𝒯 rounds of m clients. Client k:
+  1. per-sample losses of the global model θ on D_k; the **global noise filter** (2-component 1-D
+     GMM) gives the posterior of its low-mean ("clean") component; clean iff posterior ≥ 0.5
+     (Eq. 7). δ̂_k = share not clean; k is a noisy client iff δ̂_k > 0.1 (Eq. 11 / text).
+  2. noisy clients only: GMM-noisy samples with global confidence max p(x; θ) ≥ ζ get the pseudo
+     label argmax p(x; θ) (Eq. 8); the other noisy samples are dropped. Clean clients train on
+     everything with their labels.
+  3. Predictive Consistency Sampler (PCS): keep a clean or relabelled sample iff the global
+     prediction equals the de-biased local prediction argmax[f(x; θ̂_k) − ξ·log p̂_k], where p̂_k is
+     the client's running mean prediction, p̂_k ← m·p̂_k + (1−m)·mean softmax f(x; θ̂_k) (Eq. 12),
+     uniform 1/C at first and kept per client across rounds.
+  4. local training: mixup (α = 1) + η·KL(u ‖ q̄), q̄ the batch mean of softmax(f(x̃)) and u uniform
+     (Eq. 13; η = 1 non-IID, 0 IID).
+  5. local filter: a 2-component GMM fitted on the trained local model's losses, warm-started from
+     the global filter; its (means, variances, weights) are uploaded (``ClientUpdate.payload``).
+- Server: FedAvg of the models (weights n_k = |D_k|); federated filter (Eq. 5) = γ-weighted
+  average, γ_k = n_k/Σn, of the cached filters of **every client seen so far** in the training
+  phase (a cached filter never expires): μ = Σγμ_k, σ² = Σγσ_k², π = Σγπ_k.
+- The initial global filter is the reference construction, seeded (methods.md §3.4, D2): an M-step
+  from random responsibilities on 1000 points of two 1-D Gaussian blobs, standardised and min-max
+  scaled; its components are almost identical, so the first training round's split is arbitrary.
+
+Stage lengths and communication cost
+- ``rounds`` is the FedAvg-equivalent budget (``${fl.rounds}``). Unless ``training_rounds`` sets 𝒯,
+  𝒯 = rounds − ⌈𝒯_wu·N/m⌉, i.e. the paper's accounting of 𝒯_wu iterations as 𝒯_wu/ω rounds, so
+  FedDiv and FedAvg spend the same number of client participations (CIFAR-10: 5 + 950 ↔ 1000,
+  CIFAR-100: 10 + 900 ↔ 1000, Clothing1M: 2 + 100 ↔ 200; Table 7).
+- ``aggregate`` reports ``stage`` = ``warmup`` | ``training``.
+
+Table 5 variants (flags; all off = FedDiv)
+| flag | effect |
+|---|---|
+| ``degraded: true`` | the federated filter averages only this round's local filters |
+| ``local_filter: true`` | each client filters with its own filter (fitted from scratch on its first participation, then warm-started from its previous one); nothing is uploaded or aggregated |
+| ``relabel: false`` + ``pcs: false`` | "w/o Relab. & w/o PCS": noisy clients train on the GMM-clean samples |
+| ``pcs: false`` | "w/o PCS": clean ∪ relabelled samples, no consistency test |
+| ``regularizer: false`` | "w/o reg": η = 0 |
+
+Fidelity switches (``${fidelity:<paper>,<reference>}``; ``fidelity=reference`` flips all; each can be
+set alone as ``method.<switch>=...``)
+| switch | paper (default) | reference code | methods.md |
+|---|---|---|---|
+| ``zeta`` / ``xi`` / ``m`` | 0.75 / 0.5 / 0.2 | code defaults 0.0 / 0.2 / 0.5 | D1 |
+| ``variance_weights`` | ``gamma``: σ² = Σγ_kσ_k² (Eq. 5) | ``gamma_squared``: Σγ_k²σ_k² | D4 |
+| ``em_max_iter`` / ``em_tol`` | 100 / 1e-3 (EM to convergence, Alg. 2) | 3 / 0 (exactly 3 EM steps) | D3 |
+| ``normalize_losses`` | false: raw losses | true: per-client min-max to [0, 1] | D5 |
+| ``loss_on_softmax`` | false: CE on logits | true: CE on softmax (double softmax) | D6 |
+| ``augment_passes`` | false: un-augmented views | true: augmented views for every eval pass | D6 |
+| ``strict_thresholds`` | false: posterior ≥ 0.5, conf ≥ ζ (Eqs. 7, 8) | true: ``>`` | D8 |
+| ``pcs_mode`` | ``per_epoch``: before each local epoch, de-biased predictions of the model being trained (Alg. 1 l. 15–16) | ``cached``: once per round, against the de-biased labels cached from the client's previous local model (initialised to the global prediction) | D9 |
+| ``curriculum`` | false | true: first 5 participations GMM-clean only (no PCS, no relabelled samples); relabelled samples used only if δ̂ > 0.2 | D10 |
+| ``persistent_relabels`` | false: relabels hold for this round only | true: PCS-consistent relabels are written permanently (``ctx.relabel``), even if unused for training | D11 |
+| ``phat_conf_mask`` | null: p̂ from every sample (Eq. 12) | 0.85: only samples with de-biased confidence > 0.85 (no update if none) | D12 |
+| ``eta_twice`` | false: η·KL | true: η·(η·KL) | D13 |
+| ``unmixed_forward`` | false | true: an extra un-mixed forward per batch (train mode) that moves BatchNorm statistics | D14 |
+| ``skip_small_subsets`` | false | true: a client with ≤ batch_size selected samples sends the global model unchanged | D15 |
+| ``align_components`` | true: local filters stored sorted by mean (clean first) | false: averaged by component index | (a) |
+
+(a) Not a listed divergence: Eq. 5 presumes component j of every client is the same component; the
+reference averages by index, which equals sorting whenever no local EM swapped the components.
+
+Other implementation notes and deviations
+- Relabels in the paper mode are client-local and last one round; they are *scored* each round
+  through ``ctx.relabel(idx, labels, apply=False)`` (counted and compared with the clean labels by the
+  runner, not applied), so ``relabels``/``relabel_acc`` count relabel events over rounds. With
+  ``persistent_relabels`` they are applied and each changed label counts once.
+- Filtering always uses the *global* model's pre-training losses and the local filter is fitted on the
+  *local* post-training losses (both paper text and code, D7). The post-training losses use the
+  client's current labels (with this round's persistent relabels applied, as the code does).
+- p̂_k is updated where de-biased predictions are made: once per participation after training
+  (``cached``, every client, as the code) or once per local epoch while PCS is active (``per_epoch``).
+- L_mix is a batch mean in both modes (Eq. 13 writes a sum, i.e. only a learning-rate scale).
+- A client that trains on nothing sends the global weights; its aggregation weight stays n_k = |D_k|
+  (as the code, D15); its reported train loss is then the global model's mean CE on its data.
+- A constant loss vector (min-max range 0) normalises to zeros instead of the code's NaN.
+- The initial filter and the local GMM fits take their seeds from ``ctx.rng`` (D2, D19 fixed).
+- Mixup is used in both stages (the code's ``--mixup``); methods.md §3.1. The regulariser applies in
+  the warm-up too (the code's ``--reg`` acts in every ``update_weights`` call).
+- Not applicable here: D16 (label noise lives in ``noise=``), D17 (model), D18 (sklearn subclass),
+  D20 (paper typos).
+"""
+from __future__ import annotations
+
+import math
+import warnings
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from fedlnl.methods import engine
+from fedlnl.methods.protocol import ClientUpdate
+
+PCS_MODES = ("per_epoch", "cached")
+VARIANCE_WEIGHTS = ("gamma", "gamma_squared")
+
+
+# ------------------------------------------------------------------------------- noise filter
+# A filter is {"means": (2,), "variances": (2,), "weights": (2,)} float64 arrays (1-D, 2 components).
+def _filter(means, variances, weights) -> dict[str, np.ndarray]:
+    return {"means": np.asarray(means, np.float64).reshape(2),
+            "variances": np.asarray(variances, np.float64).reshape(2),
+            "weights": np.asarray(weights, np.float64).reshape(2)}
+
+
+def gmm_posterior(x: np.ndarray, f: dict) -> np.ndarray:
+    """Posterior responsibilities [n, 2] of a 1-D GMM, computed in the log domain."""
+    x = np.asarray(x, np.float64).reshape(-1, 1)
+    var = f["variances"][None, :]
+    log_pdf = -0.5 * (np.log(2 * np.pi * var) + (x - f["means"][None, :]) ** 2 / var)
+    log_joint = np.log(np.clip(f["weights"], 1e-300, None))[None, :] + log_pdf
+    log_joint -= log_joint.max(axis=1, keepdims=True)
+    post = np.exp(log_joint)
+    return post / post.sum(axis=1, keepdims=True)
+
+
+def clean_posterior(x: np.ndarray, f: dict) -> np.ndarray:
+    """Posterior of the low-mean component: the probability that a sample's label is clean."""
+    return gmm_posterior(x, f)[:, int(np.argmin(f["means"]))]
+
+
+def aggregate_filters(filters: list[dict], sizes, variance_weights: str) -> dict:
+    """Federated noise filter, Eq. 5: γ_k = n_k / Σn; μ = Σγμ_k, π = Σγπ_k and σ² = Σγσ_k²
+    (``gamma``, the paper) or Σγ²σ_k² (``gamma_squared``, the reference code, D4)."""
+    g = np.asarray(sizes, np.float64)
+    g = g / g.sum()
+    gv = g if variance_weights == "gamma" else g ** 2
+    stack = lambda key: np.stack([f[key] for f in filters])  # noqa: E731  [K, 2]
+    return _filter(g @ stack("means"), gv @ stack("variances"), g @ stack("weights"))
+
+
+def sort_components(f: dict) -> dict:
+    """The same filter with its components ordered by mean (clean first)."""
+    o = np.argsort(f["means"], kind="stable")
+    return _filter(f["means"][o], f["variances"][o], f["weights"][o])
+
+
+def initial_filter(rng: np.random.Generator, reg_covar: float, n: int = 1000) -> dict:
+    """The reference's initial filter (methods.md §3.4), seeded: one M-step from random
+    responsibilities on two 1-D Gaussian blobs, standardised then min-max scaled."""
+    from sklearn.datasets import make_blobs
+
+    x, _ = make_blobs(n_samples=n, n_features=1, centers=2, shuffle=False,
+                      random_state=int(rng.integers(2**31 - 1)))
+    x = (x[:, 0] - x.mean()) / x.std()
+    x = (x - x.min()) / (x.max() - x.min())
+    resp = rng.uniform(size=(n, 2))
+    resp /= resp.sum(axis=1, keepdims=True)
+    nk = resp.sum(axis=0) + 10 * np.finfo(np.float64).eps
+    means = resp.T @ x / nk
+    variances = (resp * (x[:, None] - means[None, :]) ** 2).sum(axis=0) / nk + reg_covar
+    return _filter(means, variances, nk / n)
+
+
+def fit_filter(x: np.ndarray, init: dict | None, max_iter: int, tol: float, reg_covar: float,
+               seed: int) -> dict:
+    """EM for a 2-component 1-D GMM (scikit-learn), warm-started from ``init`` (Algorithm 2), or
+    from scikit-learn's k-means initialisation when ``init`` is None."""
+    from sklearn.exceptions import ConvergenceWarning
+    from sklearn.mixture import GaussianMixture
+
+    x = np.asarray(x, np.float64).reshape(-1, 1)
+    if x.shape[0] < 2:  # EM needs at least one sample per component
+        return init if init is not None else _filter([0.0, 1.0], [1.0, 1.0], [0.5, 0.5])
+    kw = {}
+    if init is not None:
+        w = np.clip(init["weights"], 1e-12, None)
+        kw = dict(weights_init=w / w.sum(), means_init=init["means"][:, None],
+                  precisions_init=(1.0 / init["variances"])[:, None, None], init_params="random")
+    gm = GaussianMixture(2, covariance_type="full", max_iter=int(max_iter), tol=float(tol),
+                         reg_covar=float(reg_covar), random_state=int(seed), **kw)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        gm.fit(x)
+    return _filter(gm.means_[:, 0], gm.covariances_[:, 0, 0], gm.weights_)
+
+
+def minmax(x: np.ndarray) -> np.ndarray:
+    """Min-max scaling to [0, 1] (the reference's per-client normalisation, D5); zeros if constant."""
+    lo, hi = float(x.min()), float(x.max())
+    return (x - lo) / (hi - lo) if hi > lo else np.zeros_like(x)
+
+
+def passes(values, threshold: float, strict: bool):
+    """``values > threshold`` (reference code) or ``values ≥ threshold`` (Eqs. 7, 8)."""
+    return values > threshold if strict else values >= threshold
+
+
+# ------------------------------------------------------------------------------- PCS and p̂
+def debias(logits: torch.Tensor, phat: torch.Tensor, xi: float) -> torch.Tensor:
+    """De-biased probabilities softmax(f(x) − ξ·log p̂_k) (counterfactual de-biasing of PCS)."""
+    return torch.softmax(logits - xi * torch.log(phat)[None, :], dim=1)
+
+
+def update_phat(phat: torch.Tensor, probs: torch.Tensor, m: float,
+                mask: torch.Tensor | None = None) -> torch.Tensor:
+    """p̂_k ← m·p̂_k + (1−m)·mean of ``probs`` (Eq. 12); over ``mask`` only if given (D12), and
+    unchanged when the mask selects nothing."""
+    if mask is not None:
+        if not bool(mask.any()):
+            return phat
+        probs = probs[mask]
+    return m * phat + (1.0 - m) * probs.mean(dim=0)
+
+
+def pcs_keep(global_pred: torch.Tensor, debiased_local_pred: torch.Tensor) -> torch.Tensor:
+    """Predictive consistency: the global prediction equals the de-biased local prediction."""
+    return global_pred == debiased_local_pred
+
+
+def relabel_candidates(noisy: torch.Tensor, conf: torch.Tensor, zeta: float, strict: bool):
+    """GMM-noisy samples whose global confidence passes ζ (Eq. 8)."""
+    return noisy & passes(conf, zeta, strict)
+
+
+# ------------------------------------------------------------------------------- losses
+def sample_loss(logits: torch.Tensor, labels: torch.Tensor, on_softmax: bool) -> torch.Tensor:
+    """Per-sample CE on logits, or on softmax probabilities as the reference code (D6)."""
+    return engine.per_sample_loss(logits.softmax(1) if on_softmax else logits, labels)
+
+
+def prior_kl(logits: torch.Tensor) -> torch.Tensor:
+    """KL(u ‖ q̄) = Σ_c u_c log(u_c / q̄_c), q̄ the batch mean of softmax(logits), u uniform (Eq. 13)."""
+    c = logits.shape[1]
+    log_qbar = torch.logsumexp(F.log_softmax(logits, dim=1), dim=0) - math.log(logits.shape[0])
+    return (-math.log(c) - log_qbar).mean()
+
+
+# ------------------------------------------------------------------------------- the method
+class FedDiv:
+    def __init__(self, rounds, training_rounds, warmup_iterations, frac, local_epochs, batch_size, lr,
+                 momentum, weight_decay, augment, score_batch_size, mixup_alpha, eta, eta_by_partition,
+                 posterior_threshold, noisy_client_threshold, zeta, xi, m, reg_covar,
+                 degraded, local_filter, relabel, pcs, regularizer,
+                 variance_weights, em_max_iter, em_tol, normalize_losses, loss_on_softmax,
+                 augment_passes, strict_thresholds, pcs_mode, curriculum, curriculum_participations,
+                 curriculum_min_noise, persistent_relabels, phat_conf_mask, eta_twice,
+                 unmixed_forward, skip_small_subsets, align_components):
+        _choice("pcs_mode", pcs_mode, PCS_MODES)
+        _choice("variance_weights", variance_weights, VARIANCE_WEIGHTS)
+        for key, v in (("zeta", zeta), ("m", m), ("posterior_threshold", posterior_threshold),
+                       ("noisy_client_threshold", noisy_client_threshold),
+                       ("curriculum_min_noise", curriculum_min_noise)):
+            _check(key, v, 0.0 <= _num(v) <= 1.0, "a number in [0, 1]")
+        _check("m", m, _num(m) < 1.0, "a momentum in [0, 1)")
+        if phat_conf_mask is not None:
+            _check("phat_conf_mask", phat_conf_mask, 0.0 <= _num(phat_conf_mask) < 1.0,
+                   "null or a confidence in [0, 1)")
+        for key, v in (("xi", xi), ("eta", eta), ("em_tol", em_tol)):
+            _check(key, v, _num(v) >= 0.0, "a number >= 0")
+        _check("mixup_alpha", mixup_alpha, _num(mixup_alpha) > 0.0, "a Beta concentration > 0")
+        _check("reg_covar", reg_covar, _num(reg_covar) > 0.0, "a number > 0")
+        _check("em_max_iter", em_max_iter, _int(em_max_iter) and em_max_iter >= 1, "an integer >= 1")
+        _check("warmup_iterations", warmup_iterations, _int(warmup_iterations) and warmup_iterations >= 0,
+               "an integer >= 0")
+        _check("curriculum_participations", curriculum_participations,
+               _int(curriculum_participations) and curriculum_participations >= 0, "an integer >= 0")
+        if training_rounds is not None:
+            _check("training_rounds", training_rounds, _int(training_rounds) and training_rounds >= 1,
+                   "null or an integer >= 1")
+        for key, v in (("degraded", degraded), ("local_filter", local_filter), ("relabel", relabel),
+                       ("pcs", pcs), ("regularizer", regularizer), ("normalize_losses", normalize_losses),
+                       ("loss_on_softmax", loss_on_softmax), ("augment_passes", augment_passes),
+                       ("strict_thresholds", strict_thresholds), ("curriculum", curriculum),
+                       ("persistent_relabels", persistent_relabels), ("eta_twice", eta_twice),
+                       ("unmixed_forward", unmixed_forward), ("skip_small_subsets", skip_small_subsets),
+                       ("align_components", align_components)):
+            _check(key, v, isinstance(v, bool), "true or false")
+        self.rounds, self.training_rounds = int(rounds), training_rounds
+        self.warmup_iterations, self.frac = int(warmup_iterations), float(frac)
+        self.local_epochs, self.batch_size = int(local_epochs), int(batch_size)
+        self.lr, self.momentum, self.weight_decay, self.augment = lr, momentum, weight_decay, augment
+        self.score_batch_size, self.mixup_alpha = int(score_batch_size), float(mixup_alpha)
+        # η·KL, or η·(η·KL) as the reference applies the coefficient twice (D13); 0 = "w/o reg"
+        self.eta_eff = (float(eta) ** 2 if eta_twice else float(eta)) if regularizer else 0.0
+        self.posterior_threshold, self.noisy_client_threshold = posterior_threshold, noisy_client_threshold
+        self.zeta, self.xi, self.m, self.reg_covar = float(zeta), float(xi), float(m), float(reg_covar)
+        self.degraded, self.local_filter, self.relabel, self.pcs = degraded, local_filter, relabel, pcs
+        self.variance_weights, self.em_max_iter, self.em_tol = variance_weights, int(em_max_iter), float(em_tol)
+        self.normalize_losses, self.loss_on_softmax = normalize_losses, loss_on_softmax
+        self.augment_passes, self.strict = augment_passes, strict_thresholds
+        self.pcs_mode, self.curriculum = pcs_mode, curriculum
+        self.curriculum_participations, self.curriculum_min_noise = int(curriculum_participations), curriculum_min_noise
+        self.persistent_relabels, self.phat_conf_mask = persistent_relabels, phat_conf_mask
+        self.unmixed_forward, self.skip_small_subsets = unmixed_forward, skip_small_subsets
+        self.align_components = align_components
+
+    # ---------------------------------------------------------------- stages
+    def _m(self, n: int) -> int:
+        return max(int(self.frac * n), 1)
+
+    def _warmup_rounds(self, n: int) -> int:
+        return self.warmup_iterations * n
+
+    def _training_rounds(self, n: int) -> int:
+        if self.training_rounds is not None:
+            return int(self.training_rounds)
+        t = self.rounds - math.ceil(self._warmup_rounds(n) / self._m(n))
+        if t < 1:
+            raise ValueError(
+                f"method.training_rounds=null is invalid here: rounds={self.rounds} leaves no training round "
+                f"after {self.warmup_iterations} warm-up iterations of {n} clients; set method.training_rounds >= 1")
+        return t
+
+    def total_rounds(self, info):
+        return self._warmup_rounds(info.num_clients) + self._training_rounds(info.num_clients)
+
+    def _in_warmup(self, ctx) -> bool:
+        return ctx.round < self._warmup_rounds(ctx.num_clients)
+
+    # ---------------------------------------------------------------- hooks
+    def init(self, model, info, ctx):
+        return {
+            "model": model, "global": engine.get_weights(model), "num_classes": info.num_classes,
+            "filter": initial_filter(ctx.rng("initial_filter"), self.reg_covar),
+            "cache": {},  # server: latest local filter per client ever seen (Eq. 5)
+            "clients": {},  # client side: p̂_k, participation count, cached de-biased labels, own filter
+            "pending": {},  # this round's noise decisions, reported in aggregate
+            "perm": None, "perm_iter": -1,
+        }
+
+    def sample_clients(self, state, ctx):
+        n = ctx.num_clients
+        if self._in_warmup(ctx):
+            it, pos = divmod(ctx.round, n)
+            if state["perm_iter"] != it:  # a fresh random order of all clients per warm-up iteration
+                state["perm"], state["perm_iter"] = ctx.rng("warmup", it).permutation(n), it
+            return [int(state["perm"][pos])]
+        return engine.uniform_clients(n, self.frac, ctx.rng("sample"))
+
+    def client_update(self, state, client, ctx):
+        if self._in_warmup(ctx):
+            return self._warmup_client(state, client, ctx)
+        return self._training_client(state, client, ctx)
+
+    def aggregate(self, state, updates, ctx):
+        state["global"] = engine.weighted_average(
+            [u.weights for u in updates], [u.num_samples for u in updates])
+        if self._in_warmup(ctx):  # one client: the global model becomes its model
+            return state, {"stage": "warmup"}
+        if not self.local_filter:
+            for u in updates:
+                state["cache"][u.client] = _filter(**u.payload["filter"])
+            keys = [u.client for u in updates] if self.degraded else sorted(state["cache"])
+            state["filter"] = aggregate_filters([state["cache"][k] for k in keys],
+                                                [ctx.client_sizes[k] for k in keys], self.variance_weights)
+            f = state["filter"]
+            ctx.record("filter", {"round": ctx.round + 1, "clients": len(keys), **{
+                key: v.tolist() for key, v in f.items()}})
+        return state, self._report(state, ctx)
+
+    def eval_model(self, state):
+        engine.set_weights(state["model"], state["global"])
+        return state["model"]
+
+    # ---------------------------------------------------------------- warm-up
+    def _warmup_client(self, state, view, ctx):
+        model = state["model"]
+        engine.set_weights(model, state["global"])
+        pos = torch.arange(view.size, device=view.indices.device)
+        loss = self._local_train(model, view, view.labels, lambda epoch: pos, ctx.generator("train", view.id))
+        return ClientUpdate(view.id, engine.get_weights(model), view.size, train_loss=loss)
+
+    # ---------------------------------------------------------------- training phase
+    def _training_client(self, state, view, ctx):
+        k, idx, y = view.id, view.indices, view.labels
+        c = state["num_classes"]
+        cs = state["clients"].setdefault(k, {"phat": torch.full((c,), 1.0 / c, device=idx.device), "count": 0})
+        model = state["model"]
+        engine.set_weights(model, state["global"])
+
+        # 1. filter the global model's losses (Eq. 7); δ̂_k and the noisy-client test (Eq. 11)
+        logits_g = self._predict(model, view, ctx.generator("prepass", k))
+        conf, yhat = logits_g.softmax(1).max(1)
+        loss_g = sample_loss(logits_g, y, self.loss_on_softmax)
+        x_g = self._filter_input(loss_g)
+        filt = self._client_filter(state, cs, x_g, ctx, k)
+        clean_np = passes(clean_posterior(x_g, filt), self.posterior_threshold, self.strict)
+        clean = torch.as_tensor(clean_np, device=idx.device)
+        delta = 1.0 - float(clean_np.mean())
+        noisy_client = delta > self.noisy_client_threshold
+
+        # 2-3. relabel candidates (Eq. 8), the base training set and the PCS rule
+        none = torch.zeros_like(clean)
+        cand = relabel_candidates(~clean, conf, self.zeta, self.strict) if noisy_client and self.relabel else none
+        base, use_pcs = torch.ones_like(clean), False
+        if noisy_client:
+            if self.curriculum and cs["count"] < self.curriculum_participations:
+                base = clean  # D10: the first participations train on GMM-clean samples only
+            else:
+                with_relabels = not (self.curriculum and delta <= self.curriculum_min_noise)
+                base, use_pcs = clean | (cand if with_relabels else none), self.pcs
+        if "cached" not in cs:  # D9: de-biased labels start as the global prediction
+            cs["cached"] = yhat.clone()
+        consistent = pcs_keep(yhat, cs["cached"])
+        if self.persistent_relabels:  # D11: written for good (the PCS-consistent ones if PCS is cached)
+            relabeled = cand & consistent if (self.pcs and self.pcs_mode == "cached") else cand
+            if bool(relabeled.any()):
+                ctx.relabel(idx[relabeled], yhat[relabeled])
+        else:  # relabels last this round: scored by the runner, not applied
+            relabeled = cand
+            if bool((cand & base).any()):
+                ctx.relabel(idx[cand & base], yhat[cand & base], apply=False)
+        train_y = y.clone()
+        train_y[relabeled] = yhat[relabeled]
+
+        # 4. local training on the selected samples
+        select = self._selector(model, view, cs, base, use_pcs, consistent, yhat, ctx)
+        loss = self._local_train(model, view, train_y, select, ctx.generator("train", k))
+        if loss is None:  # nothing selected: the client sends the global model back (D15)
+            loss = float(F.cross_entropy(logits_g, y))
+
+        # 5. post-training pass: cached de-biased labels and p̂ (cached PCS), local filter (Alg. 2)
+        logits_l = self._predict(model, view, ctx.generator("postpass", k))
+        if self.pcs_mode == "cached":
+            deb = debias(logits_l, cs["phat"], self.xi)
+            cs["cached"] = deb.argmax(1)
+            mask = deb.max(1).values > self.phat_conf_mask if self.phat_conf_mask is not None else None
+            cs["phat"] = update_phat(cs["phat"], logits_l.softmax(1), self.m, mask)
+        current = train_y if self.persistent_relabels else y  # the client's labels from now on
+        x_l = self._filter_input(sample_loss(logits_l, current, self.loss_on_softmax))
+        local = fit_filter(x_l, filt, self.em_max_iter, self.em_tol, self.reg_covar,
+                           int(ctx.rng("gmm", k).integers(2**31 - 1)))
+        local = sort_components(local) if self.align_components else local
+        cs["count"] += 1
+        state["pending"][k] = {"delta": delta, "noisy": noisy_client, "idx": idx, "flagged": ~clean}
+        payload = {}
+        if self.local_filter:
+            cs["filter"] = local
+        else:
+            payload = {"filter": {key: v.copy() for key, v in local.items()}}
+        return ClientUpdate(k, engine.get_weights(model), view.size, payload=payload,
+                            metrics={"delta_hat": delta}, train_loss=loss)
+
+    def _client_filter(self, state, cs, x, ctx, k) -> dict:
+        """The filter a client applies: the global one, or (``local_filter``) its own, fitted from
+        scratch on its first participation."""
+        if not self.local_filter:
+            return state["filter"]
+        if "filter" not in cs:
+            f = fit_filter(x, None, self.em_max_iter, self.em_tol, self.reg_covar,
+                           int(ctx.rng("gmm_init", k).integers(2**31 - 1)))
+            cs["filter"] = sort_components(f) if self.align_components else f
+        return cs["filter"]
+
+    def _selector(self, model, view, cs, base, use_pcs, consistent, yhat, ctx):
+        """epoch -> positions to train on. PCS per epoch de-biases the predictions of the model being
+        trained and updates p̂_k with them (Alg. 1 l. 15–16, Eq. 12); cached PCS uses ``consistent``."""
+        if not use_pcs:
+            fixed = base.nonzero().squeeze(1)
+            return lambda epoch: fixed
+        if self.pcs_mode == "cached":
+            fixed = (base & consistent).nonzero().squeeze(1)
+            return lambda epoch: fixed
+
+        def per_epoch(epoch):
+            logits = self._predict(model, view, ctx.generator("pcs", view.id, epoch))
+            deb = debias(logits, cs["phat"], self.xi)
+            mask = deb.max(1).values > self.phat_conf_mask if self.phat_conf_mask is not None else None
+            cs["phat"] = update_phat(cs["phat"], logits.softmax(1), self.m, mask)
+            return (base & pcs_keep(yhat, deb.argmax(1))).nonzero().squeeze(1)
+        return per_epoch
+
+    # ---------------------------------------------------------------- shared pieces
+    def _predict(self, model, view, gen):
+        return engine.predict(model, view.data, view.indices, self.score_batch_size,
+                              augment=self.augment_passes, gen=gen)
+
+    def _filter_input(self, loss: torch.Tensor) -> np.ndarray:
+        x = loss.detach().double().cpu().numpy()
+        return minmax(x) if self.normalize_losses else x
+
+    def _batch_loss(self, model, xb, yb, gen):
+        """Mixup CE (+ η·KL(u ‖ q̄) on the mixed batch, Eq. 13)."""
+        if self.unmixed_forward:  # D14: the reference's unused forward still moves BN statistics
+            with torch.no_grad():
+                model(xb)
+        xm, ya, yb2, lam = engine.mixup(xb, yb, self.mixup_alpha, gen)
+        logits = model(xm)
+        loss = engine.mixup_ce(logits, ya, yb2, lam)
+        if self.eta_eff > 0:
+            loss = loss + self.eta_eff * prior_kl(logits)
+        return loss
+
+    def _local_train(self, model, view, labels, select, gen):
+        """SGD over ``local_epochs`` with one optimiser (momentum kept across epochs, as
+        ``engine.local_train``) on the positions ``select(epoch)`` returns; mean batch loss, nan if
+        diverged, None if no step was taken."""
+        model.train()
+        opt = engine.sgd(model, self.lr, self.momentum, self.weight_decay)
+        total, count = 0.0, 0
+        for epoch in range(self.local_epochs):
+            pos = select(epoch)
+            if pos.numel() == 0 or (self.skip_small_subsets and pos.numel() <= self.batch_size):
+                continue
+            sub_idx, sub_y = view.indices[pos], labels[pos]
+            for b in engine.batches(pos.numel(), self.batch_size, gen):
+                b = b.to(sub_idx.device)
+                xb = view.data.images(sub_idx[b], augment=self.augment, gen=gen)
+                loss = self._batch_loss(model, xb, sub_y[b], gen)
+                if not torch.isfinite(loss):
+                    return float("nan")
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                opt.step()
+                total += float(loss.detach())
+                count += 1
+        return total / count if count else None
+
+    def _report(self, state, ctx) -> dict:
+        """Noise decisions of this round's clients to the runner, and the round's metrics."""
+        pend, state["pending"] = state["pending"], {}
+        ks = sorted(pend)
+        ctx.report_clients(is_noisy={k: pend[k]["noisy"] for k in ks}, mu_hat={k: pend[k]["delta"] for k in ks})
+        ctx.report_samples(torch.cat([pend[k]["idx"] for k in ks]), torch.cat([pend[k]["flagged"] for k in ks]))
+        f = state["filter"] if not self.local_filter else None
+        out = {"stage": "training", "mean_delta_hat": float(np.mean([pend[k]["delta"] for k in ks])),
+               "noisy_clients": float(sum(pend[k]["noisy"] for k in ks))}
+        if f is not None:
+            lo = int(np.argmin(f["means"]))
+            out.update(filter_mu_clean=float(f["means"][lo]), filter_mu_noisy=float(f["means"][1 - lo]))
+        return out
+
+
+# ------------------------------------------------------------------------------- validation
+def _num(v) -> float:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else float("nan")
+
+
+def _int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _check(key: str, value, ok: bool, allowed: str) -> None:
+    if not ok:
+        raise ValueError(f"method.{key}={value!r} is invalid: allowed {allowed}")
+
+
+def _choice(key: str, value, allowed: tuple[str, ...]) -> None:
+    _check(key, value, value in allowed, ", ".join(allowed))

@@ -1,0 +1,154 @@
+"""FedDyn — Acar et al., "Federated Learning Based on Dynamic Regularization", ICLR 2021
+(https://github.com/alpemreacar/FedDyn, ``utils_methods.py::train_FedDyn``,
+``utils_general.py::train_feddyn_mdl``); configured as in FedCorr (Xu et al., CVPR 2022): α = 0.01,
+lr 0.1 decayed ×0.998 per round (methods.md §9).
+
+Algorithm (paper Algorithm 1), with θ^{t−1} the server ("cloud") model sent to the clients:
+- client k minimises  L_k(θ) − ⟨∇L_k(θ_k^{t−1}), θ⟩ + α/2 ‖θ − θ^{t−1}‖²            (Eq. 1 / Alg. 1)
+  and updates its gradient state ∇L_k(θ_k^t) = ∇L_k(θ_k^{t−1}) − α(θ_k^t − θ^{t−1}).
+- server: h^t = h^{t−1} − α/N Σ_{k∈P_t} (θ_k^t − θ^{t−1}),  θ^t = 1/|P_t| Σ_{k∈P_t} θ_k^t − h^t/α.
+
+State is stored in the official code's scaling, which is the same algorithm: the per-client memory
+``h[k]`` = −∇L_k/α_k = Σ_rounds (θ_k − θ^{t−1}) (accumulated drift), and the server's
+``h_bar`` = −h/α = mean over **all N** clients of h[k]. So the local loss is
+CE + α_k⟨θ, h[k] − θ^{t−1}⟩ + α_k/2‖θ‖² (= the paper's objective up to a constant); the quadratic
+part is applied through SGD's weight decay (α_k + wd), exactly as the official code, so its gradient
+is added after clipping. The cloud model is θ^t = avg_P(θ_k) + h_bar.
+
+Implementation notes
+- h[k] lives in the method state keyed by client id (client memory), on the CPU, created lazily
+  (zero until a client first trains). Memory: one parameter copy per client that has trained
+  (ResNet-18 × 100 clients ≈ 4.5 GB, as the official code's ``local_param_list``).
+- Only ``parameters()`` carry the dynamic regulariser (the official models have no BatchNorm);
+  BatchNorm buffers are averaged uniformly over the selected clients into both models (FedCorr's
+  adaptation is unknown).
+- lr_t = lr · lr_decay^t with t counted from the method's own first round: as FedCorr's stage-3
+  delegate (FedCorr + FedDyn, Fig. 4) ``init`` is called at the start of stage 3 with the current
+  global weights, all h[k] = 0, and the decay restarts there.
+- Sampling: m = max(⌊frac·N⌋, 1) clients uniformly without replacement (FedCorr's setup; a fixed
+  communication cost per round) unless ``bernoulli_sampling``.
+
+Fidelity switches (paper = FedDyn paper / FedCorr's stated setup; reference = official FedDyn code)
+- ``adaptive_alpha``: false = one α for every client (paper); true = α_k = α · mean(n)/n_k (official).
+- ``momentum`` / ``weight_decay`` / ``max_grad_norm``: FedCorr's global local-training setup
+  (momentum ``fl.momentum``, no weight decay, no clipping) vs the official solver (plain SGD, wd
+  1e-3, gradient-norm clipping at 10). Which one FedCorr ran is unknown (methods.md §9).
+- ``bernoulli_sampling``: false = fixed m; true = every client independently with probability
+  ``frac`` (redrawn if nobody is selected), so the cost per round varies, as the official code.
+- ``eval_cloud``: true = the runner tests the cloud model θ^t (the paper's output); false = the plain
+  average of the selected clients, which is what the official code reports.
+Batch size and epochs follow ``fl`` (FedCorr's setup), not the official defaults (50, 5).
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from fedlnl.methods import engine
+from fedlnl.methods.protocol import ClientUpdate
+
+
+class FedDyn:
+    def __init__(self, rounds, frac, local_epochs, batch_size, lr, lr_decay, momentum, weight_decay,
+                 augment, alpha, adaptive_alpha, max_grad_norm, bernoulli_sampling, eval_cloud):
+        if not alpha > 0:
+            raise ValueError(f"method.alpha={alpha!r} is invalid: allowed a regularisation weight α > 0")
+        if not 0 < lr_decay <= 1:
+            raise ValueError(f"method.lr_decay={lr_decay!r} is invalid: allowed a per-round factor in (0, 1]")
+        if max_grad_norm is not None and not max_grad_norm > 0:
+            raise ValueError(f"method.max_grad_norm={max_grad_norm!r} is invalid: allowed null or a norm > 0")
+        self.rounds, self.frac = rounds, frac
+        self.local_epochs, self.batch_size = local_epochs, batch_size
+        self.lr, self.lr_decay, self.momentum, self.weight_decay = lr, lr_decay, momentum, weight_decay
+        self.augment, self.alpha, self.adaptive_alpha = augment, alpha, adaptive_alpha
+        self.max_grad_norm, self.bernoulli_sampling, self.eval_cloud = max_grad_norm, bernoulli_sampling, eval_cloud
+
+    def total_rounds(self, info):
+        return self.rounds
+
+    def init(self, model, info, ctx):
+        weights = engine.get_weights(model)
+        names = [n for n, _ in model.named_parameters()]
+        return {
+            "model": model, "cloud": weights, "avg": {k: v.clone() for k, v in weights.items()},
+            "param_names": names, "h": {}, "start": ctx.round,
+            "h_bar": {n: torch.zeros_like(weights[n]) for n in names},
+            "sizes": np.asarray(info.client_sizes, dtype=np.float64),
+        }
+
+    def sample_clients(self, state, ctx):
+        if not self.bernoulli_sampling:
+            return engine.uniform_clients(ctx.num_clients, self.frac, ctx.rng("sample"))
+        for attempt in range(1000):  # the official code redraws until someone is active
+            active = np.flatnonzero(ctx.rng("sample", attempt).uniform(size=ctx.num_clients) <= self.frac)
+            if active.size:
+                return active.tolist()
+        raise RuntimeError("FedDyn: no client drawn in 1000 Bernoulli attempts")
+
+    def alpha_k(self, state, k: int) -> float:
+        if not self.adaptive_alpha:
+            return self.alpha
+        sizes = state["sizes"]
+        return self.alpha * float(sizes.mean() / sizes[k])  # official: α / (n_k / mean n)
+
+    def lr_at(self, state, ctx) -> float:
+        return self.lr * self.lr_decay ** (ctx.round - state["start"])
+
+    def client_update(self, state, client, ctx):
+        model, names = state["model"], state["param_names"]
+        engine.set_weights(model, state["cloud"])
+        dev = ctx.device
+        h_k = state["h"].get(client.id)
+        # linear coefficient of the local objective: h_k − θ^{t−1} (official scaling)
+        lin = [(h_k[n].to(dev) if h_k is not None else 0.0) - state["cloud"][n] for n in names]
+        a_k = self.alpha_k(state, client.id)
+        loss = self.local_solve(model, client, lin, a_k, self.lr_at(state, ctx), ctx.generator("train", client.id))
+        new = engine.get_weights(model)
+        drift = {n: (new[n] - state["cloud"][n]).cpu() for n in names}
+        if h_k is None:
+            state["h"][client.id] = drift
+        else:
+            for n in names:
+                h_k[n].add_(drift[n])  # h_k += θ_k^t − θ^{t−1}: the gradient-state update (Alg. 1)
+        return ClientUpdate(client.id, new, client.size, train_loss=loss)
+
+    def local_solve(self, model, client, lin, a_k, lr, gen) -> float:
+        """Plain local SGD on CE + α_k⟨θ, lin⟩ with weight decay α_k + wd (the official solver's
+        form, optionally clipping the gradient norm before the decay is applied)."""
+        model.train()
+        opt = engine.sgd(model, lr, self.momentum, a_k + self.weight_decay)
+        params = list(model.parameters())
+        total, count = 0.0, 0
+        for _ in range(self.local_epochs):
+            for pos in engine.batches(client.size, self.batch_size, gen):
+                pos = pos.to(client.indices.device)
+                xb = client.data.images(client.indices[pos], augment=self.augment, gen=gen)
+                loss = F.cross_entropy(model(xb), client.labels[pos])
+                loss = loss + a_k * sum((p * c).sum() for p, c in zip(params, lin))
+                if not torch.isfinite(loss):
+                    return float("nan")
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                if self.max_grad_norm is not None:
+                    torch.nn.utils.clip_grad_norm_(params, self.max_grad_norm)
+                opt.step()
+                total += float(loss.detach())
+                count += 1
+        return total / max(count, 1)
+
+    def aggregate(self, state, updates, ctx):
+        names = state["param_names"]
+        avg = engine.weighted_average([u.weights for u in updates], [1.0] * len(updates))
+        for n in names:  # h_bar += 1/N Σ_{k∈P} (θ_k − θ^{t−1}), i.e. h^t of Alg. 1 scaled by −1/α
+            drift = sum(u.weights[n] - state["cloud"][n] for u in updates)
+            state["h_bar"][n].add_(drift / ctx.num_clients)
+        cloud = dict(avg)
+        for n in names:  # θ^t = avg + h_bar  (= avg − h^t/α)
+            cloud[n] = avg[n] + state["h_bar"][n]
+        state["avg"], state["cloud"] = avg, cloud
+        return state, {"lr": self.lr_at(state, ctx)}
+
+    def eval_model(self, state):
+        engine.set_weights(state["model"], state["cloud"] if self.eval_cloud else state["avg"])
+        return state["model"]

@@ -1,0 +1,124 @@
+"""JointOpt as local training — Tanaka et al., "Joint Optimization Framework for Learning with Noisy
+Labels", CVPR 2018 (official code, Chainer: https://github.com/DaikiTanaka-UT/JointOptimization),
+run on each selected client as FedCorr (Xu et al., CVPR 2022) configured it (methods.md §11).
+
+Schedule (FedCorr, CIFAR): ``warmup_rounds`` = 20 FedAvg rounds (``fl.local_epochs`` = 5, FedAvg's
+optimiser; identical draws to ``method=fedavg``, so the two curves coincide during warm-up), then
+``train_rounds`` = 80 rounds in which every selected client runs ``local_epochs`` = 20 epochs of
+JointOpt's first step on its own data (lr 0.01, α = 1.2, β = 0.8) and the server averages the
+weights n_k-weighted (FedAvg, inferred). Communication budget 100 rounds × frac·N (1000 on CIFAR-10,
+vs 10000 for the other methods); the cost column shows it. Clothing1M: no warm-up, 40 × 10 epochs,
+lr 0.001 (``method_dataset/jointopt_clothing1m.yaml``).
+
+Local JointOpt step (paper §3; ``ssl.jointopt_terms``): loss L_c + α·L_p + β·L_e with soft-label
+cross-entropy L_c, prior term L_p = KL(p ‖ batch-mean prediction) with the uniform prior p, and the
+mean prediction entropy L_e. Every epoch the softmax outputs of the training forward passes are
+stored (augmented, train mode, as the reference code); once a client has run ``begin`` JointOpt
+epochs its soft labels become, after each epoch, the mean of its last ``window`` = 10 epochs of
+predictions (the reference's label update), and the next epoch trains on them.
+
+Implementation notes and decisions where methods.md §11 says "unspecified"
+- Client memory: each client's soft labels, prediction ring buffer and epoch count persist across
+  rounds in ``state["clients"][k]`` (created at its first JointOpt round from its observed labels).
+  Label updating starts after the client's ``begin`` = 10 JointOpt epochs (the first moment its
+  10-epoch window is full; the reference starts at epoch 70 of 200 centrally, a point the FedAvg
+  warm-up plays the role of here).
+- Optimiser of the JointOpt stage: the reference's momentum 0.9 and weight decay 1e-4, fresh per
+  round (as every FedCorr local update), lr from FedCorr (0.01), batch ``fl.batch_size``.
+- No second step (retraining on the final labels): FedCorr's budget has no room for it.
+- Hard labels = argmax of the soft labels are label corrections: after each client's JointOpt round
+  (once updating has begun) they go through ``ctx.relabel`` (scored as relabel accuracy /
+  noise after correction). Training itself uses the client's soft labels, never the relabelled
+  observed labels. Samples whose hard label differs from the originally observed label are
+  reported as noisy via ``ctx.report_samples`` (cumulative over all clients seen).
+- The prior p is uniform (the class distribution of CIFAR's training set, as in the paper); on
+  non-IID clients this pulls predictions toward classes the client lacks, which is part of the method.
+- No fidelity switches: the paper's KL forms of L_c and L_p and the code's cross-entropy forms
+  differ by constants only (same gradients).
+"""
+from __future__ import annotations
+
+import math
+
+from fedlnl.methods import engine, ssl
+from fedlnl.methods.protocol import ClientUpdate
+
+
+class JointOpt:
+    def __init__(self, frac, batch_size, augment, warmup_rounds, warmup_local_epochs, warmup_lr,
+                 warmup_momentum, warmup_weight_decay, train_rounds, local_epochs, lr, momentum,
+                 weight_decay, alpha, beta, window, begin):
+        ssl.check("frac", frac, isinstance(frac, (int, float)) and 0 < frac <= 1, "a fraction in (0, 1]")
+        ssl.check_int("warmup_rounds", warmup_rounds, 0)
+        for key, v in (("batch_size", batch_size), ("warmup_local_epochs", warmup_local_epochs),
+                       ("train_rounds", train_rounds), ("local_epochs", local_epochs),
+                       ("window", window), ("begin", begin)):
+            ssl.check_int(key, v, 1)
+        for key, v in (("warmup_lr", warmup_lr), ("lr", lr)):
+            ssl.check_positive(key, v)
+        for key, v in (("warmup_momentum", warmup_momentum), ("momentum", momentum),
+                       ("warmup_weight_decay", warmup_weight_decay), ("weight_decay", weight_decay),
+                       ("alpha", alpha), ("beta", beta)):
+            ssl.check_nonneg(key, v)
+        self.frac, self.batch_size, self.augment = frac, batch_size, augment
+        self.warmup_rounds, self.warmup_local_epochs = warmup_rounds, warmup_local_epochs
+        self.warmup_lr, self.warmup_momentum, self.warmup_weight_decay = warmup_lr, warmup_momentum, warmup_weight_decay
+        self.train_rounds, self.local_epochs = train_rounds, local_epochs
+        self.lr, self.momentum, self.weight_decay = lr, momentum, weight_decay
+        self.alpha, self.beta, self.window, self.begin = alpha, beta, window, begin
+
+    def total_rounds(self, info):
+        return self.warmup_rounds + self.train_rounds
+
+    def init(self, model, info, ctx):
+        return {"model": model, "global": engine.get_weights(model), "num_classes": info.num_classes,
+                "clients": {}}
+
+    def sample_clients(self, state, ctx):
+        return engine.uniform_clients(ctx.num_clients, self.frac, ctx.rng("sample"))
+
+    def _warmup(self, ctx) -> bool:
+        return ctx.round < self.warmup_rounds
+
+    def client_update(self, state, client, ctx):
+        model = state["model"]
+        engine.set_weights(model, state["global"])
+        gen = ctx.generator("train", client.id)
+        if self._warmup(ctx):  # FedAvg with the shared FL settings
+            loss = engine.local_train(
+                model, client.data, client.indices, client.labels, epochs=self.warmup_local_epochs,
+                batch_size=self.batch_size, lr=self.warmup_lr, momentum=self.warmup_momentum,
+                weight_decay=self.warmup_weight_decay, augment=self.augment, gen=gen)
+            return ClientUpdate(client.id, engine.get_weights(model), client.size, train_loss=loss)
+
+        mem = state["clients"].get(client.id)
+        if mem is None:
+            mem = ssl.label_memory(client.indices, client.labels, state["num_classes"], self.window)
+            state["clients"][client.id] = mem
+        opt = engine.sgd(model, self.lr, self.momentum, self.weight_decay)
+        losses, updated = [], False
+        for _ in range(self.local_epochs):
+            batch_losses, probs = ssl.jointopt_epoch(
+                model, opt, client.data, mem, alpha=self.alpha, beta=self.beta,
+                batch_size=self.batch_size, gen=gen, augment=self.augment, record=True)
+            losses += batch_losses
+            if math.isnan(ssl.mean_or_nan(batch_losses)):  # diverged: the runner stops the run
+                break
+            updated = ssl.push_predictions(mem, probs, self.begin) or updated
+        if updated:
+            hard = ssl.hard_labels(mem)
+            ctx.relabel(mem["idx"], hard)
+            mem["flagged"] = hard != mem["observed"]
+        return ClientUpdate(client.id, engine.get_weights(model), client.size,
+                            train_loss=ssl.mean_or_nan(losses))
+
+    def aggregate(self, state, updates, ctx):
+        state["global"] = engine.weighted_average(
+            [u.weights for u in updates], [u.num_samples for u in updates])
+        if not self._warmup(ctx):
+            ssl.report_flags(ctx, state["clients"].values())
+        return state, {"stage": "warmup" if self._warmup(ctx) else "training"}
+
+    def eval_model(self, state):
+        engine.set_weights(state["model"], state["global"])
+        return state["model"]

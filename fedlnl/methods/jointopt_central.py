@@ -1,0 +1,113 @@
+"""JointOpt, centralized reference — Tanaka et al., "Joint Optimization Framework for Learning with
+Noisy Labels", CVPR 2018 (official code, Chainer: https://github.com/DaikiTanaka-UT/JointOptimization),
+trained on the pooled noisy training set of the federation (FedCorr's "JointOpt (CL)" rows,
+methods.md §11 and Table 8).
+
+The runner gives this method one view over every training sample with the observed noisy labels
+(``sample_clients`` returns ``[ALL_CLIENTS]``), the same labels the federated runs of the same seed
+see (same federation hash), and counts no communication cost. One runner round is
+``epochs_per_round`` epochs, so the test accuracy is evaluated during training.
+
+Algorithm (paper §3, two steps as the reference code):
+- First step, ``epochs`` = 200 epochs: loss L_c + α·L_p + β·L_e (``ssl.jointopt_terms``) with the
+  soft labels, momentum SGD 0.9, weight decay 1e-4, constant lr, batch 128. The softmax outputs of
+  the training passes are stored every epoch; from epoch ``begin`` = 70 on, after every epoch the soft
+  labels become the mean of the last ``window`` = 10 epochs of outputs.
+- Second step, ``second_epochs`` = 120 epochs: the network restarts from its initial weights and
+  trains with soft-label cross-entropy on the final soft labels, lr ``second_lr`` = 0.2 divided by 10
+  (``second_decay``) after ⌊E/3⌋ and ⌊2E/3⌋ epochs (reference code). ``second_epochs: 0`` skips it.
+- α, β and lr per noise group (FedCorr Table 8, ``ssl.noise_group``): low noise β 1.5, lr 0.1;
+  high noise β 0.8, lr 0.2; α 1.2 for both. Table 8's lr is taken as the first step's.
+
+Implementation notes
+- The optimiser (and its momentum) persists across rounds in the state, as one centralized run.
+- "Initial weights" of the second step = the run's seeded initial model (the reference builds a new
+  randomly initialised network).
+- Hard labels (argmax of the soft labels) go through ``ctx.relabel`` after every round in which
+  they were updated; samples whose hard label differs from the observed one are reported noisy.
+- No fidelity switches (the KL and cross-entropy forms of L_c and L_p differ by constants only).
+"""
+from __future__ import annotations
+
+import math
+
+from fedlnl.methods import engine, ssl
+from fedlnl.methods.protocol import ALL_CLIENTS, ClientUpdate
+
+
+class JointOptCentral:
+    def __init__(self, batch_size, augment, epochs, epochs_per_round, begin, window, alpha, beta_low,
+                 beta_high, lr_low, lr_high, momentum, weight_decay, high_noise_from, noise_rho,
+                 noise_tau, second_epochs, second_lr, second_decay):
+        for key, v in (("batch_size", batch_size), ("epochs", epochs), ("epochs_per_round", epochs_per_round),
+                       ("begin", begin), ("window", window)):
+            ssl.check_int(key, v, 1)
+        ssl.check_int("second_epochs", second_epochs, 0)
+        for key, v in (("lr_low", lr_low), ("lr_high", lr_high), ("second_lr", second_lr),
+                       ("second_decay", second_decay)):
+            ssl.check_positive(key, v)
+        for key, v in (("alpha", alpha), ("beta_low", beta_low), ("beta_high", beta_high),
+                       ("momentum", momentum), ("weight_decay", weight_decay)):
+            ssl.check_nonneg(key, v)
+        self.batch_size, self.augment = batch_size, augment
+        self.epochs, self.epochs_per_round, self.begin, self.window = epochs, epochs_per_round, begin, window
+        high = ssl.noise_group(noise_rho, noise_tau, high_noise_from) == "high"
+        self.alpha, self.beta, self.lr = alpha, (beta_high if high else beta_low), (lr_high if high else lr_low)
+        self.momentum, self.weight_decay = momentum, weight_decay
+        self.second_epochs, self.second_lr, self.second_decay = second_epochs, second_lr, second_decay
+
+    def total_rounds(self, info):
+        return math.ceil((self.epochs + self.second_epochs) / self.epochs_per_round)
+
+    def init(self, model, info, ctx):
+        return {"model": model, "init": engine.get_weights(model), "num_classes": info.num_classes,
+                "opt": engine.sgd(model, self.lr, self.momentum, self.weight_decay), "mem": None}
+
+    def sample_clients(self, state, ctx):
+        return [ALL_CLIENTS]
+
+    def _epochs(self, ctx) -> range:
+        start = ctx.round * self.epochs_per_round
+        return range(start, min(start + self.epochs_per_round, self.epochs + self.second_epochs))
+
+    def _second_lr(self, j: int) -> float:
+        drops = sum(j >= m for m in (self.second_epochs // 3, 2 * self.second_epochs // 3))
+        return self.second_lr * self.second_decay ** drops
+
+    def client_update(self, state, client, ctx):
+        model = state["model"]
+        if state["mem"] is None:
+            state["mem"] = ssl.label_memory(client.indices, client.labels, state["num_classes"], self.window)
+        mem, gen = state["mem"], ctx.generator("train")
+        losses, updated = [], False
+        for e in self._epochs(ctx):
+            first = e < self.epochs
+            if not first and e == self.epochs:  # second step: restart from the initial weights
+                engine.set_weights(model, state["init"])
+                state["opt"] = engine.sgd(model, self.second_lr, self.momentum, self.weight_decay)
+            if not first:
+                for group in state["opt"].param_groups:
+                    group["lr"] = self._second_lr(e - self.epochs)
+            # the second step is L_c alone on the frozen final soft labels
+            batch_losses, probs = ssl.jointopt_epoch(
+                model, state["opt"], client.data, mem, alpha=self.alpha if first else 0.0,
+                beta=self.beta if first else 0.0, batch_size=self.batch_size, gen=gen,
+                augment=self.augment, record=first)
+            losses += batch_losses
+            if math.isnan(ssl.mean_or_nan(batch_losses)):  # diverged: the runner stops the run
+                break
+            if first:
+                updated = ssl.push_predictions(mem, probs, self.begin) or updated
+        if updated:
+            hard = ssl.hard_labels(mem)
+            ctx.relabel(mem["idx"], hard)
+            mem["flagged"] = hard != mem["observed"]
+        return ClientUpdate(client.id, None, client.size, train_loss=ssl.mean_or_nan(losses))
+
+    def aggregate(self, state, updates, ctx):
+        ssl.report_flags(ctx, [state["mem"]])
+        last = self._epochs(ctx)[-1]
+        return state, {"stage": "training" if last < self.epochs else "retraining", "epoch": last + 1}
+
+    def eval_model(self, state):
+        return state["model"]

@@ -1,0 +1,105 @@
+"""PoC — Power-of-Choice client selection: Cho et al., "Client Selection in Federated Learning:
+Convergence Analysis and Power-of-Choice Selection Strategies", AISTATS 2022 (no repository by the
+authors; the supplementary code mirrored in ``peng-ju/Power-of-Choice``); configured as in FedCorr
+(Xu et al., CVPR 2022): candidate pool d = 30, lr 0.01 (methods.md §10). This is ``pow-d``.
+
+Implementation notes
+- Selection each round (server side, in ``sample_clients``):
+  1. a candidate set A of d clients drawn **without replacement with probability ∝ p_k = n_k/n**
+     (``numpy.Generator.choice(p=...)``: successive draws, renormalised);
+  2. the current global model's mean cross-entropy on each candidate's **full local data**
+     (observed labels, eval mode, no augmentation; ``engine.predict`` on ``ctx.views(k)``);
+  3. the m = max(⌊frac·N⌋, 1) candidates with the largest loss train (ties: lower client id).
+  If d exceeds N the pool is every (non-empty) client; d < m is rejected before training.
+- Clients train as FedAvg; the server takes the **simple average** (1/m) of the selected models,
+  since sampling is already ∝ p_k (paper); ``weighted: true`` uses n_k-weights instead (FedCorr's
+  choice is unknown).
+- Communication: only the m trained clients count as participations (FedCorr's cost presumably
+  counts those only, methods.md §10/§14). In a deployment each candidate would also download the
+  global model and upload one loss scalar; those d evaluations are not training participations and
+  are not added to ``comm_cost`` or ``bytes_up``, but their cumulative number is logged as
+  ``poc_loss_evals`` so a user can charge them if wanted.
+- As FedCorr's stage-3 delegate (FedCorr + PoC, Fig. 4) ``init`` takes the current global weights
+  (and, with ``fixed_candidates``, draws the pool then); the losses use the labels as corrected by
+  FedCorr's stages 1–2, because ``ctx.views`` carries the current observed labels.
+
+Fidelity switch
+- ``fixed_candidates``: false = a fresh candidate pool every round (paper); true = one pool drawn
+  once and reused every round, the effect of the supplementary code's ``np.random.seed(args.seed)``
+  inside ``sel_client`` (the ranking by loss still changes every round).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from fedlnl.methods import engine
+from fedlnl.methods.protocol import ClientUpdate
+
+
+def candidate_pool(sizes, d: int, rng: np.random.Generator) -> list[int]:
+    """d distinct clients drawn successively with probability ∝ n_k (without replacement); d is
+    capped at the number of non-empty clients."""
+    sizes = np.asarray(sizes, dtype=np.float64)
+    d = min(d, int(np.count_nonzero(sizes)))
+    return sorted(rng.choice(sizes.size, size=d, replace=False, p=sizes / sizes.sum()).tolist())
+
+
+def highest_loss(candidates: list[int], losses: list[float], m: int) -> list[int]:
+    """The m candidates with the largest loss (ties broken by the lower client id), sorted."""
+    order = sorted(range(len(candidates)), key=lambda i: (-losses[i], candidates[i]))
+    return sorted(candidates[i] for i in order[:m])
+
+
+class PoC:
+    def __init__(self, rounds, frac, local_epochs, batch_size, lr, momentum, weight_decay, augment,
+                 d, weighted, fixed_candidates):
+        if not (isinstance(d, int) and d >= 1):
+            raise ValueError(f"method.d={d!r} is invalid: allowed an integer candidate-pool size >= 1")
+        self.rounds, self.frac = rounds, frac
+        self.local_epochs, self.batch_size = local_epochs, batch_size
+        self.lr, self.momentum, self.weight_decay, self.augment = lr, momentum, weight_decay, augment
+        self.d, self.weighted, self.fixed_candidates = d, weighted, fixed_candidates
+
+    def total_rounds(self, info):
+        return self.rounds
+
+    def init(self, model, info, ctx):
+        m = max(int(self.frac * info.num_clients), 1)
+        if min(self.d, info.num_clients) < m:
+            raise ValueError(f"method.d={self.d} is invalid: allowed d >= m = {m} clients per round")
+        pool = candidate_pool(info.client_sizes, self.d, ctx.rng("poc_pool")) if self.fixed_candidates else None
+        return {"model": model, "global": engine.get_weights(model), "pool": pool, "evals": 0}
+
+    def sample_clients(self, state, ctx):
+        pool = state["pool"] or candidate_pool(ctx.client_sizes, self.d, ctx.rng("poc_pool"))
+        model = state["model"]
+        engine.set_weights(model, state["global"])
+        losses = [self.global_loss(model, ctx.views(k)) for k in pool]
+        state["evals"] += len(pool)
+        m = max(int(self.frac * ctx.num_clients), 1)
+        return highest_loss(pool, losses, m)
+
+    @staticmethod
+    def global_loss(model, view) -> float:
+        logits = engine.predict(model, view.data, view.indices)
+        return float(engine.per_sample_loss(logits, view.labels).mean())
+
+    def client_update(self, state, client, ctx):
+        model = state["model"]
+        engine.set_weights(model, state["global"])
+        loss = engine.local_train(
+            model, client.data, client.indices, client.labels,
+            epochs=self.local_epochs, batch_size=self.batch_size, lr=self.lr,
+            momentum=self.momentum, weight_decay=self.weight_decay, augment=self.augment,
+            gen=ctx.generator("train", client.id),
+        )
+        return ClientUpdate(client.id, engine.get_weights(model), client.size, train_loss=loss)
+
+    def aggregate(self, state, updates, ctx):
+        counts = [u.num_samples if self.weighted else 1.0 for u in updates]
+        state["global"] = engine.weighted_average([u.weights for u in updates], counts)
+        return state, {"poc_loss_evals": float(state["evals"])}
+
+    def eval_model(self, state):
+        engine.set_weights(state["model"], state["global"])
+        return state["model"]

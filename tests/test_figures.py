@@ -1,0 +1,113 @@
+"""fedlnl-report's per-run figures, drawn from fake metrics.jsonl and diagnostics.json files."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fedlnl.benchmark import plots, report
+
+N, M = 20, 10
+FIGURES = ("curve", "lid_gmm", "lid_iterations", "noise_estimation", "partition", "confusion")
+
+
+def fake_diagnostics(rng: np.random.Generator) -> dict:
+    noisy = np.arange(N) % 5 < 3  # 12 noisy clients
+    true_rate = np.where(noisy, rng.uniform(0.5, 0.9, N), 0.0)
+    lid = np.where(noisy, rng.normal(30, 2, N), rng.normal(20, 2, N))
+    before = np.diag(np.full(M, 80)) + 2
+    after = np.diag(np.full(M, 95)) + np.eye(M, k=1, dtype=int) * 5
+    gmm = {"means": [[20.0], [30.0]], "variances": [[[4.0]], [[4.0]]], "weights": [0.4, 0.6]}
+    lid_record = {"iteration": 5, "cumulative_lid": lid.tolist(), "noisy": (lid > 25).tolist(), "gmm": gmm}
+    history = {f"lid/iter{t}": {**lid_record, "iteration": t, "cumulative_lid": (lid * t / 5).tolist(),
+                                "gmm": {**gmm, "means": [[4.0 * t], [6.0 * t]]}} for t in range(1, 6)}
+    return {
+        "clients": {"true_rate": true_rate.tolist(), "mu": true_rate.tolist(), "noisy_client": noisy.tolist(),
+                    "mu_hat": [float(r + 0.05) if k % 2 else None for k, r in enumerate(true_rate)],
+                    "flagged": [bool(x) for x in noisy], "size": [100] * N},
+        "class_counts": rng.integers(0, 40, (N, M)).tolist(),
+        "confusion_before": before.tolist(), "confusion_after": after.tolist(),
+        "records": {"lid": lid_record, **history, "finetuning": {"clean_pool": [1, 2]}},
+    }
+
+
+def fake_metrics() -> list[dict]:
+    rows, cost = [], 0
+    for stage, steps, per in (("preprocessing", 40, 1), ("finetuning", 30, 2), ("usual training", 30, 2)):
+        for _ in range(steps):
+            cost += per
+            rows.append({"round": len(rows) + 1, "acc": 0.9 * (1 - np.exp(-cost / 40)), "comm_cost": cost,
+                         "stage": stage})
+    return rows
+
+
+def write_fake_run(run_dir: Path, method: str, seed: int, rho: float, with_diag: bool = True) -> None:
+    run_dir.mkdir(parents=True)
+    rows = fake_metrics()
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    if with_diag:
+        (run_dir / "diagnostics.json").write_text(json.dumps(fake_diagnostics(np.random.default_rng(seed))))
+    summary = {"status": "complete", "method": method, "dataset": "digits", "model": "cnn", "seed": seed,
+               "best_acc": max(r["acc"] for r in rows), "final_acc": rows[-1]["acc"],
+               "last10_acc": rows[-1]["acc"], "comm_cost": rows[-1]["comm_cost"], "cost_to_target": {},
+               "setting": {"rho": rho, "tau": 0.5, "partition": "iid", "p": None, "alpha": None,
+                           "num_clients": N}}
+    (run_dir / "summary.json").write_text(json.dumps(summary))
+
+
+def is_png(path: Path) -> bool:
+    return path.is_file() and path.stat().st_size > 2000 and path.read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.fixture
+def sweep(tmp_path: Path) -> Path:
+    for method in ("fedcorr", "fedavg"):
+        for seed in (1, 0):
+            write_fake_run(tmp_path / "sweep" / f"{method}_s{seed}", method, seed, 0.6,
+                           with_diag=(method, seed) == ("fedcorr", 0))
+    return tmp_path / "sweep"
+
+
+def test_every_figure_of_a_representative_run(sweep: Path):
+    assert report.main([str(sweep), "--out", str(sweep / "rep")]) == 0
+    runs = sweep / "rep" / "runs"
+    assert sorted(p.name for p in runs.iterdir()) == ["fedavg_0.6_0.5_seed0", "fedcorr_0.6_0.5_seed0"]
+    for name in FIGURES:
+        assert is_png(runs / "fedcorr_0.6_0.5_seed0" / f"{name}.png"), name
+    assert [p.name for p in (runs / "fedavg_0.6_0.5_seed0").iterdir()] == ["curve.png"]  # no diagnostics
+    assert is_png(sweep / "rep" / "acc_vs_cost.png")
+
+
+def test_figure_modes(sweep: Path):
+    frame = report.load_summaries(sweep)
+    chosen = {mode: report.figure_runs(frame, "method", [], mode) for mode in report.FIGURE_MODES}
+    assert [name for _, name, _ in chosen["summary"]] == ["fedavg_0.6_0.5_seed0", "fedcorr_0.6_0.5_seed0"]
+    assert len(chosen["all"]) == 4 and chosen["none"] == []
+    assert chosen["summary"][1][2] == "fedcorr, (0.6,0.5), seed 0"  # the figures' title
+    report.main([str(sweep), "--figures", "none", "--out", str(sweep / "none")])
+    assert not list((sweep / "none").glob("**/*.png")) and (sweep / "none" / "accuracy.md").exists()
+
+
+def test_stage_spans_and_gmm_density():
+    spans = plots.stage_spans(np.array([1, 2, 3, 5, 7]), ["a", "a", "b", "b", None])
+    assert spans == [("a", 1.0, 2.0), ("b", 3.0, 5.0)]
+    x = np.linspace(-10, 10, 2001)
+    total, comp = plots.gmm_density(x, {"means": [[-2.0], [3.0]], "variances": [[[1.0]], [[0.25]]],
+                                        "weights": [0.3, 0.7]})
+    dx = x[1] - x[0]
+    assert total.sum() * dx == pytest.approx(1.0, abs=1e-6)
+    assert comp[1].sum() * dx == pytest.approx(0.7, abs=1e-6)
+    assert comp[1].max() == pytest.approx(0.7 / np.sqrt(2 * np.pi * 0.25))
+
+
+def test_malformed_diagnostics_lose_only_their_figure(tmp_path: Path, caplog):
+    run = tmp_path / "run"
+    write_fake_run(run, "fedcorr", 0, 0.6)
+    diag = json.loads((run / "diagnostics.json").read_text())
+    diag["records"]["lid"]["gmm"] = {"means": [1.0]}  # no variances
+    (run / "diagnostics.json").write_text(json.dumps(diag))
+    made = report.run_figures(run, tmp_path / "out", "t")
+    assert sorted(p.stem for p in made) == sorted(set(FIGURES) - {"lid_gmm"})
+    assert "no lid_gmm.png" in caplog.text

@@ -1,0 +1,214 @@
+"""Runs and sweeps survive interruption: a run resumes from its last checkpoint with exactly the
+numbers of an uninterrupted run; a re-run sweep runs only its missing cells; parallel launchers."""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from conftest import CONF, REPO, compose_cfg
+
+NOISY = ["noise.rho=0.6", "noise.tau=0.5"]
+
+
+def rows_of(run_dir) -> list[dict]:
+    """metrics.jsonl without the wall-clock column."""
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in r.items() if k != "time_s"} for r in rows]
+
+
+def numbers(summary: dict) -> dict:
+    keys = ("status", "best_acc", "final_acc", "last10_acc", "comm_cost", "cost_to_target", "bytes_up",
+            "rounds_run", "total_rounds", "detection", "federation_hash", "config_hash")
+    return {k: summary[k] for k in keys}
+
+
+def tiny(method: str, extra=()):
+    return compose_cfg([f"method={method}", "debug=tiny", "logger=none", "device=cpu", *NOISY, *extra])
+
+
+# ------------------------------------------------------------------------------- one run
+# (method, total rounds at debug=tiny, round after which to crash, checkpoint_every)
+CASES = [
+    ("fedavg", ["fl.rounds=6"], 5, 2),   # checkpoint after round 4 -> resume at round 5
+    ("fedcorr", [], 5, 2),               # 6 stage-1 sub-rounds: resume in the middle of stage 1
+    ("fedcorr", [], 8, 3),               # resume in stage 2 (rounds 7-8), after the stage-1 relabels
+    ("feddyn", ["fl.rounds=6"], 5, 2),   # per-client h_k and the cloud model in the state
+    ("feddiv", [], 8, 3),                # warm-up 6 + training 4: per-client filters, caches
+]
+
+
+@pytest.mark.parametrize("method, extra, crash_at, every", CASES, ids=[f"{c[0]}-r{c[2]}" for c in CASES])
+def test_interrupted_run_resumes_to_identical_numbers(tmp_path, monkeypatch, caplog, method, extra,
+                                                      crash_at, every):
+    if not (CONF / "method" / f"{method}.yaml").exists():
+        pytest.skip(f"method/{method}.yaml does not exist yet")
+    from fedlnl.benchmark import run as runmod
+
+    cfg = tiny(method, [*extra, f"checkpoint_every={every}"])
+    straight = runmod.run(cfg, tmp_path / "straight", method)
+    assert not (tmp_path / "straight" / "checkpoint.pt").exists()  # removed once complete
+
+    real_evaluate = runmod.Runner.evaluate
+
+    def crash(self, state, rnd, losses, agg):
+        row = real_evaluate(self, state, rnd, losses, agg)
+        if row["round"] == crash_at:
+            raise KeyboardInterrupt  # e.g. Ctrl-C or a preempted job, after round `crash_at`
+        return row
+
+    run_dir = tmp_path / "resumed"
+    monkeypatch.setattr(runmod.Runner, "evaluate", crash)
+    with pytest.raises(KeyboardInterrupt):
+        runmod.run(cfg, run_dir, method)
+    assert json.loads((run_dir / "summary.json").read_text())["status"] == "failed"
+    assert (run_dir / "checkpoint.pt").exists()
+    saved = torch.load(run_dir / "checkpoint.pt", weights_only=False)["round"] + 1
+    assert saved == (crash_at - 1) // every * every  # the last checkpoint before the crash
+
+    monkeypatch.setattr(runmod.Runner, "evaluate", real_evaluate)
+    with caplog.at_level(logging.INFO, logger="fedlnl"):
+        resumed = runmod.run(cfg, run_dir, method)
+    assert f"resuming after round {saved} of" in caplog.text
+    assert rows_of(run_dir) == rows_of(tmp_path / "straight")
+    assert numbers(resumed) == numbers(straight)
+    assert not (run_dir / "checkpoint.pt").exists()
+    diag = lambda d: json.loads((d / "diagnostics.json").read_text())  # noqa: E731
+    assert diag(run_dir) == diag(tmp_path / "straight")
+
+
+def test_checkpoint_of_another_config_is_ignored(tmp_path, monkeypatch, caplog):
+    from fedlnl.benchmark import run as runmod
+
+    cfg = tiny("fedavg", ["fl.rounds=4", "checkpoint_every=1"])
+    real_evaluate = runmod.Runner.evaluate
+
+    def crash(self, state, rnd, losses, agg):
+        row = real_evaluate(self, state, rnd, losses, agg)
+        if row["round"] == 3:
+            raise KeyboardInterrupt
+        return row
+
+    monkeypatch.setattr(runmod.Runner, "evaluate", crash)
+    with pytest.raises(KeyboardInterrupt):
+        runmod.run(cfg, tmp_path, "fedavg")
+    monkeypatch.setattr(runmod.Runner, "evaluate", real_evaluate)
+    other = tiny("fedavg", ["fl.rounds=4", "checkpoint_every=1", "fl.lr=0.02"])
+    with caplog.at_level(logging.INFO, logger="fedlnl"):
+        s = runmod.run(other, tmp_path, "fedavg")
+    assert "for another config; starting over" in caplog.text and "resuming" not in caplog.text
+    assert s["status"] == "complete" and [r["round"] for r in rows_of(tmp_path)] == [1, 2, 3, 4]
+
+
+def test_complete_and_diverged_runs_are_not_rerun(tmp_path):
+    from fedlnl.benchmark.run import run
+
+    cfg = tiny("fedavg")
+    first = run(cfg, tmp_path / "ok", "fedavg")
+    mtime = (tmp_path / "ok" / "summary.json").stat().st_mtime_ns
+    assert run(cfg, tmp_path / "ok", "fedavg") == first
+    assert (tmp_path / "ok" / "summary.json").stat().st_mtime_ns == mtime
+    bad = tiny("fedavg", ["fl.lr=1e30"])  # diverges deterministically: a final outcome too
+    assert run(bad, tmp_path / "nan", "fedavg")["status"] == "diverged"
+    mtime = (tmp_path / "nan" / "summary.json").stat().st_mtime_ns
+    assert run(bad, tmp_path / "nan", "fedavg")["status"] == "diverged"
+    assert (tmp_path / "nan" / "summary.json").stat().st_mtime_ns == mtime
+
+
+# ------------------------------------------------------------------------------- sweeps
+ENV = {**os.environ, "HYDRA_FULL_ERROR": "1", "PYTHONUNBUFFERED": "1"}
+
+
+def sweep_cmd(sweep_dir, *extra) -> list[str]:
+    """A tiny cut of a paper preset: 2 methods x 3 noise settings x 1 seed = 6 cells."""
+    return [sys.executable, "-m", "fedlnl.benchmark.run", "-m", "paper=fedcorr_t2", "debug=tiny", "logger=none",
+            "device=cpu", "seed=0", "method=fedavg,fedprox", "noise.rho_tau=[0.0,0.0],[0.4,0.0],[0.6,0.5]",
+            "fl.rounds=4", "checkpoint_every=1", f"hydra.sweep.dir={sweep_dir}", *extra]
+
+
+def complete_summaries(sweep_dir) -> dict:
+    out = {}
+    for path in sweep_dir.glob("*/summary.json"):
+        try:
+            if json.loads(path.read_text()).get("status") == "complete":
+                out[path.parent.name] = path.stat().st_mtime_ns
+        except ValueError:
+            pass  # being written (atomic rename makes this rare)
+    return out
+
+
+def test_killed_sweep_reruns_only_missing_cells(tmp_path):
+    sweep = tmp_path / "sweep"
+    proc = subprocess.Popen(sweep_cmd(sweep), cwd=REPO, env=ENV, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.time() + 300
+        while len(complete_summaries(sweep)) < 2 and proc.poll() is None and time.time() < deadline:
+            time.sleep(0.1)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)  # the node dies: no summary for the running cell
+        proc.wait()
+    done = complete_summaries(sweep)
+    assert 2 <= len(done) < 6, f"kill landed outside the sweep: {sorted(done)}"
+
+    rerun = subprocess.run(sweep_cmd(sweep), cwd=REPO, env=ENV, capture_output=True, text=True, timeout=600)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    log = rerun.stdout + rerun.stderr
+    assert log.count("complete summary for this config exists") == len(done)  # one "skipping" line each
+    final = complete_summaries(sweep)
+    assert len(final) == 6
+    assert all(final[cell] == mtime for cell, mtime in done.items()), "a complete cell was re-run"
+    assert not list(sweep.glob("*/checkpoint.pt"))
+    assert "method=fedavg,noise.rho_tau=[0.4,0.0],seed=0" in final  # cells named by their overrides
+    s = json.loads((sweep / "method=fedprox,noise.rho_tau=[0.6,0.5],seed=0" / "summary.json").read_text())
+    assert s["preset"] == "fedcorr_t2" and s["setting"]["rho"] == 0.6 and s["rounds_run"] == 4
+
+
+def test_joblib_launcher_runs_cells_in_parallel(tmp_path):
+    pytest.importorskip("hydra_plugins.hydra_joblib_launcher")
+    sweep = tmp_path / "sweep"
+    cmd = [sys.executable, "-m", "fedlnl.benchmark.run", "-m", "debug=tiny", "logger=none", "device=auto",
+           "method=fedavg,fedprox", "seed=0", f"hydra.sweep.dir={sweep}",
+           "hydra/launcher=joblib", "hydra.launcher.n_jobs=2"]
+    proc = subprocess.run(cmd, cwd=REPO, env=ENV, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "Joblib.Parallel(n_jobs=2" in proc.stdout + proc.stderr
+    summaries = [json.loads(p.read_text()) for p in sweep.glob("*/summary.json")]
+    assert sorted(s["method"] for s in summaries) == ["fedavg", "fedprox"]
+    assert all(s["status"] == "complete" for s in summaries)
+
+
+def test_launcher_configs_compose():
+    """The SLURM launcher config extends the submitit plugin's with the project's defaults."""
+    pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
+    from hydra import compose, initialize_config_module
+    from hydra.core.global_hydra import GlobalHydra
+
+    GlobalHydra.instance().clear()
+    with initialize_config_module(config_module="fedlnl.conf", version_base=None):
+        cfg = compose(config_name="config", overrides=["hydra/launcher=slurm"], return_hydra_config=True)
+    launcher = cfg.hydra.launcher
+    assert launcher._target_.endswith("SlurmLauncher")
+    assert launcher.gpus_per_node == 1 and launcher.tasks_per_node == 1 and launcher.max_num_timeout > 0
+
+
+@pytest.mark.parametrize("job, count, expected", [(None, 4, "cuda"), (0, 1, "cuda"), (5, 1, "cuda"),
+                                                  (0, 3, "cuda:0"), (4, 3, "cuda:1"), (5, 3, "cuda:2")])
+def test_device_auto_gives_parallel_jobs_one_gpu_each(monkeypatch, job, count, expected):
+    from fedlnl.benchmark import run as runmod
+
+    chosen = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
+    monkeypatch.setattr(torch.cuda, "set_device", chosen.append)
+    monkeypatch.setattr(runmod, "_multirun_job_num", lambda: job)
+    assert str(runmod.resolve_device("auto")) == expected
+    assert [str(d) for d in chosen] == ([expected] if ":" in expected else [])
+    assert str(runmod.resolve_device("cpu")) == "cpu"
