@@ -13,6 +13,7 @@ from fedlnl.benchmark import resolvers  # noqa: F401  (registers ${fidelity:...}
 
 # Tiny models on 2 cores shared by pytest-xdist workers: one intra-op thread per worker is fastest.
 torch.set_num_threads(1)
+os.environ.setdefault("OMP_NUM_THREADS", "1")  # and in the subprocesses the CLI tests start
 
 REPO = Path(__file__).resolve().parents[1]
 CONF = REPO / "fedlnl" / "conf"

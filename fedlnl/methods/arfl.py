@@ -66,18 +66,27 @@ def repeated_median_line(y_sorted: torch.Tensor) -> tuple[torch.Tensor, torch.Te
     return beta0, beta1
 
 
-def midranks(y: torch.Tensor) -> torch.Tensor:
-    """Rank of each value in its row (0-based); tied values share their mean rank."""
-    less = (y[:, None, :] < y[:, :, None]).sum(-1)
-    equal = (y[:, None, :] == y[:, :, None]).sum(-1)
-    return less.to(y.dtype) + (equal.to(y.dtype) - 1.0) / 2.0
+def midranks(y: torch.Tensor, order: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+    """Rank of each value in its row (0-based); tied values share their mean rank. ``order`` is
+    ``y.sort(dim=1)`` if already computed."""
+    s, idx = order if order is not None else y.sort(dim=1)
+    n = s.shape[1]
+    pos = torch.arange(n, device=s.device).expand_as(s)
+    first = torch.ones_like(s, dtype=torch.bool)
+    first[:, 1:] = s[:, 1:] != s[:, :-1]  # a tie group starts here
+    last = torch.ones_like(first)
+    last[:, :-1] = s[:, :-1] != s[:, 1:]  # a tie group ends here
+    start = torch.where(first, pos, 0).cummax(dim=1).values
+    end = torch.where(last, pos, n - 1).flip(1).cummin(dim=1).values.flip(1)
+    return torch.empty_like(s).scatter_(1, idx, (start + end).to(s.dtype) / 2.0)
 
 
 def irls_block(y: torch.Tensor, lam: float) -> tuple[torch.Tensor, torch.Tensor]:
     """IRLS weights w [C, n] and the fitted line at each client's rank [C, n] for values y [C, n]."""
     n = y.shape[1]
-    beta0, beta1 = repeated_median_line(y.sort(dim=1).values)
-    rank = midranks(y)
+    order = y.sort(dim=1)
+    beta0, beta1 = repeated_median_line(order.values)
+    rank = midranks(y, order)
     line = beta0[:, None] + beta1[:, None] * rank
     r = y - line
     m = engine.median_lastdim(r.abs().sort(dim=1).values[:, 1:])  # without the smallest |r|

@@ -9,14 +9,14 @@ budget 100 rounds × frac·N (1000 on CIFAR-10); each participation uploads both
 as ``payload["weights2"]``, counted in bytes_up). Clothing1M: no warm-up, 40 × 10 epochs,
 λ_u = 25, lr 0.01 (``method_dataset/dividemix_clothing1m.yaml``).
 
-One local DivideMix epoch (paper Alg. 1, ``ssl``): each network's per-sample cross-entropy on the
+One local DivideMix epoch (paper Alg. 1, ``semisup``): each network's per-sample cross-entropy on the
 client's un-augmented samples is min-max normalised and a 2-component GMM (max_iter 10, tol 1e-2,
 reg_covar 5e-4) gives each sample's clean probability w (co-divide, §3.2). Network 1 then trains on
 the division of network 2 (labeled: w > p_threshold = 0.5) and vice versa: MixMatch with label
 co-refinement (w·y + (1−w)·p, sharpened with T = 0.5), co-guessing of the unlabeled samples by both
 networks over two augmented views, mixup with λ' = max(λ, 1−λ), λ ~ Beta(4, 4), loss
 L_X + λ_u·ramp·L_U + L_reg (§3.3). λ_u per noise group (FedCorr): CIFAR-10 0 (low) / 25 (high),
-CIFAR-100 25 / 150 (``method_dataset/dividemix_cifar100.yaml``); groups by ``ssl.noise_group``.
+CIFAR-100 25 / 150 (``method_dataset/dividemix_cifar100.yaml``); groups by ``semisup.noise_group``.
 
 Implementation notes and decisions where methods.md §12 says "unspecified"
 - Two global networks, each averaged n_k-weighted by the server on its own (as FNBench).
@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import math
 
-from fedlnl.methods import engine, ssl
+from fedlnl.methods import engine, semisup
 from fedlnl.methods.protocol import ClientUpdate
 
 
@@ -55,31 +55,31 @@ class DivideMix:
                  weight_decay, T, alpha, p_threshold, rampup_epochs, lambda_u_low, lambda_u_high,
                  high_noise_from, noise_rho, noise_tau, gmm_max_iter, gmm_tol, gmm_reg_covar,
                  ensemble, second_init):
-        ssl.check("frac", frac, isinstance(frac, (int, float)) and 0 < frac <= 1, "a fraction in (0, 1]")
-        ssl.check_int("warmup_rounds", warmup_rounds, 0)
+        semisup.check("frac", frac, isinstance(frac, (int, float)) and 0 < frac <= 1, "a fraction in (0, 1]")
+        semisup.check_int("warmup_rounds", warmup_rounds, 0)
         for key, v in (("batch_size", batch_size), ("warmup_local_epochs", warmup_local_epochs),
                        ("train_rounds", train_rounds), ("local_epochs", local_epochs),
                        ("gmm_max_iter", gmm_max_iter)):
-            ssl.check_int(key, v, 1)
+            semisup.check_int(key, v, 1)
         for key, v in (("warmup_lr", warmup_lr), ("lr", lr), ("T", T), ("alpha", alpha),
                        ("gmm_tol", gmm_tol), ("gmm_reg_covar", gmm_reg_covar)):
-            ssl.check_positive(key, v)
+            semisup.check_positive(key, v)
         for key, v in (("warmup_momentum", warmup_momentum), ("momentum", momentum),
                        ("warmup_weight_decay", warmup_weight_decay), ("weight_decay", weight_decay),
                        ("rampup_epochs", rampup_epochs), ("lambda_u_low", lambda_u_low),
                        ("lambda_u_high", lambda_u_high)):
-            ssl.check_nonneg(key, v)
-        ssl.check("p_threshold", p_threshold, isinstance(p_threshold, (int, float)) and 0 < p_threshold < 1,
+            semisup.check_nonneg(key, v)
+        semisup.check("p_threshold", p_threshold, isinstance(p_threshold, (int, float)) and 0 < p_threshold < 1,
                   "a probability in (0, 1)")
-        ssl.check("ensemble", ensemble, ensemble in ("softmax", "logits"), "softmax, logits")
-        ssl.check("second_init", second_init, second_init in ("all", "head"), "all, head")
+        semisup.check("ensemble", ensemble, ensemble in ("softmax", "logits"), "softmax, logits")
+        semisup.check("second_init", second_init, second_init in ("all", "head"), "all, head")
         self.frac, self.batch_size, self.augment = frac, batch_size, augment
         self.warmup_rounds, self.warmup_local_epochs = warmup_rounds, warmup_local_epochs
         self.warmup_lr, self.warmup_momentum, self.warmup_weight_decay = warmup_lr, warmup_momentum, warmup_weight_decay
         self.train_rounds, self.local_epochs = train_rounds, local_epochs
         self.lr, self.momentum, self.weight_decay = lr, momentum, weight_decay
         self.T, self.alpha, self.p_threshold, self.rampup_epochs = T, alpha, p_threshold, rampup_epochs
-        group = ssl.noise_group(noise_rho, noise_tau, high_noise_from)
+        group = semisup.noise_group(noise_rho, noise_tau, high_noise_from)
         self.lambda_u = lambda_u_high if group == "high" else lambda_u_low
         self.gmm = {"max_iter": gmm_max_iter, "tol": gmm_tol, "reg_covar": gmm_reg_covar}
         self.ensemble, self.second_init = ensemble, second_init
@@ -88,9 +88,9 @@ class DivideMix:
         return self.warmup_rounds + self.train_rounds
 
     def init(self, model, info, ctx):
-        model2 = ssl.fresh_copy(model, engine._child_seed(ctx.generator("init", "net2")), self.second_init)
+        model2 = semisup.fresh_copy(model, engine._child_seed(ctx.generator("init", "net2")), self.second_init)
         return {"model": model, "model2": model2, "global": engine.get_weights(model),
-                "global2": engine.get_weights(model2), "ensemble": ssl.Ensemble(model, model2, self.ensemble),
+                "global2": engine.get_weights(model2), "ensemble": semisup.Ensemble(model, model2, self.ensemble),
                 "num_classes": info.num_classes, "clients": {}}
 
     def sample_clients(self, state, ctx):
@@ -113,7 +113,7 @@ class DivideMix:
             losses = self._local_dividemix(state, nets, client, ctx)
         return ClientUpdate(client.id, engine.get_weights(nets[0]), client.size,
                             payload={"weights2": engine.get_weights(nets[1])},
-                            train_loss=ssl.mean_or_nan(losses))
+                            train_loss=semisup.mean_or_nan(losses))
 
     def _local_dividemix(self, state, nets, client, ctx) -> list[float]:
         mem = state["clients"].setdefault(client.id, {"idx": client.indices.clone(), "epochs": 0, "flagged": None})
@@ -121,16 +121,16 @@ class DivideMix:
         gen, rng = ctx.generator("train", client.id), ctx.rng("gmm", client.id)
         losses = []
         for _ in range(self.local_epochs):
-            w = [ssl.clean_probability(ssl.sample_losses(net, client.data, client.indices, client.labels),
+            w = [semisup.clean_probability(semisup.sample_losses(net, client.data, client.indices, client.labels),
                                        int(rng.integers(2**31 - 1)), **self.gmm) for net in nets]
             for i in (0, 1):  # network i learns from the division of its peer (co-divide)
-                batch_losses = ssl.dividemix_epoch(
+                batch_losses = semisup.dividemix_epoch(
                     nets[i], nets[1 - i], opts[i], client.data, client.indices, client.labels, w[1 - i],
                     p_threshold=self.p_threshold, T=self.T, alpha=self.alpha, lambda_u=self.lambda_u,
                     epochs_done=mem["epochs"], rampup_epochs=self.rampup_epochs, batch_size=self.batch_size,
                     num_classes=state["num_classes"], gen=gen, augment=self.augment)
                 losses += batch_losses
-                if math.isnan(ssl.mean_or_nan(batch_losses)):  # diverged: the runner stops the run
+                if math.isnan(semisup.mean_or_nan(batch_losses)):  # diverged: the runner stops the run
                     return losses
             mem["epochs"] += 1
             mem["flagged"] = (w[0] + w[1]) / 2 <= self.p_threshold
@@ -141,7 +141,7 @@ class DivideMix:
         state["global"] = engine.weighted_average([u.weights for u in updates], counts)
         state["global2"] = engine.weighted_average([u.payload["weights2"] for u in updates], counts)
         if not self._warmup(ctx):
-            ssl.report_flags(ctx, state["clients"].values())
+            semisup.report_flags(ctx, state["clients"].values())
         return state, {"stage": "warmup" if self._warmup(ctx) else "training", "lambda_u": float(self.lambda_u)}
 
     def eval_model(self, state):

@@ -13,9 +13,9 @@ networks; ``warmup_epochs`` = 10 (CIFAR-10; 30 for CIFAR-100) epochs of cross-en
 network, per-sample losses → min-max normalisation → 2-component GMM → clean probability w; each
 network trains on its peer's division with MixMatch (label co-refinement and co-guessing, T = 0.5,
 mixup α = 4, λ' = max(λ, 1−λ)), loss L_X + λ_u·ramp·L_U + L_reg, the ramp rising linearly over
-``rampup_epochs`` = 16 epochs after warm-up (``ssl.dividemix_epoch``). SGD momentum 0.9, weight decay
+``rampup_epochs`` = 16 epochs after warm-up (``semisup.dividemix_epoch``). SGD momentum 0.9, weight decay
 5e-4, lr 0.02 divided by 10 (``lr_decay``) from epoch ``lr_decay_epoch`` = 150 on, batch 64.
-λ_u per noise group (``ssl.noise_group``): CIFAR-10 0 / 25, CIFAR-100 25 / 150
+λ_u per noise group (``semisup.noise_group``): CIFAR-10 0 / 25, CIFAR-100 25 / 150
 (``method_dataset/dividemix_central_cifar100.yaml``), the grouping FedCorr uses in FL.
 
 Implementation notes
@@ -36,7 +36,7 @@ import math
 
 import torch.nn.functional as F
 
-from fedlnl.methods import engine, ssl
+from fedlnl.methods import engine, semisup
 from fedlnl.methods.protocol import ALL_CLIENTS, ClientUpdate
 
 
@@ -47,26 +47,26 @@ class DivideMixCentral:
                  gmm_max_iter, gmm_tol, gmm_reg_covar, ensemble, second_init):
         for key, v in (("batch_size", batch_size), ("warmup_batch_size", warmup_batch_size),
                        ("epochs", epochs), ("epochs_per_round", epochs_per_round), ("gmm_max_iter", gmm_max_iter)):
-            ssl.check_int(key, v, 1)
-        ssl.check_int("warmup_epochs", warmup_epochs, 0)
-        ssl.check_int("lr_decay_epoch", lr_decay_epoch, 0)
+            semisup.check_int(key, v, 1)
+        semisup.check_int("warmup_epochs", warmup_epochs, 0)
+        semisup.check_int("lr_decay_epoch", lr_decay_epoch, 0)
         for key, v in (("lr", lr), ("lr_decay", lr_decay), ("T", T), ("alpha", alpha),
                        ("gmm_tol", gmm_tol), ("gmm_reg_covar", gmm_reg_covar)):
-            ssl.check_positive(key, v)
+            semisup.check_positive(key, v)
         for key, v in (("momentum", momentum), ("weight_decay", weight_decay), ("rampup_epochs", rampup_epochs),
                        ("lambda_u_low", lambda_u_low), ("lambda_u_high", lambda_u_high)):
-            ssl.check_nonneg(key, v)
-        ssl.check("p_threshold", p_threshold, isinstance(p_threshold, (int, float)) and 0 < p_threshold < 1,
+            semisup.check_nonneg(key, v)
+        semisup.check("p_threshold", p_threshold, isinstance(p_threshold, (int, float)) and 0 < p_threshold < 1,
                   "a probability in (0, 1)")
-        ssl.check("warmup_epochs", warmup_epochs, warmup_epochs < epochs, f"an integer < method.epochs={epochs}")
-        ssl.check("ensemble", ensemble, ensemble in ("softmax", "logits"), "softmax, logits")
-        ssl.check("second_init", second_init, second_init in ("all", "head"), "all, head")
+        semisup.check("warmup_epochs", warmup_epochs, warmup_epochs < epochs, f"an integer < method.epochs={epochs}")
+        semisup.check("ensemble", ensemble, ensemble in ("softmax", "logits"), "softmax, logits")
+        semisup.check("second_init", second_init, second_init in ("all", "head"), "all, head")
         self.batch_size, self.warmup_batch_size, self.augment = batch_size, warmup_batch_size, augment
         self.epochs, self.warmup_epochs, self.epochs_per_round = epochs, warmup_epochs, epochs_per_round
         self.lr, self.lr_decay_epoch, self.lr_decay = lr, lr_decay_epoch, lr_decay
         self.momentum, self.weight_decay = momentum, weight_decay
         self.T, self.alpha, self.p_threshold, self.rampup_epochs = T, alpha, p_threshold, rampup_epochs
-        group = ssl.noise_group(noise_rho, noise_tau, high_noise_from)
+        group = semisup.noise_group(noise_rho, noise_tau, high_noise_from)
         self.lambda_u = lambda_u_high if group == "high" else lambda_u_low
         self.gmm = {"max_iter": gmm_max_iter, "tol": gmm_tol, "reg_covar": gmm_reg_covar}
         self.ensemble, self.second_init = ensemble, second_init
@@ -75,10 +75,10 @@ class DivideMixCentral:
         return math.ceil(self.epochs / self.epochs_per_round)
 
     def init(self, model, info, ctx):
-        model2 = ssl.fresh_copy(model, engine._child_seed(ctx.generator("init", "net2")), self.second_init)
+        model2 = semisup.fresh_copy(model, engine._child_seed(ctx.generator("init", "net2")), self.second_init)
         nets = [model, model2]
         return {"nets": nets, "opts": [engine.sgd(n, self.lr, self.momentum, self.weight_decay) for n in nets],
-                "ensemble": ssl.Ensemble(model, model2, self.ensemble), "num_classes": info.num_classes,
+                "ensemble": semisup.Ensemble(model, model2, self.ensemble), "num_classes": info.num_classes,
                 "mem": None}
 
     def sample_clients(self, state, ctx):
@@ -103,25 +103,25 @@ class DivideMixCentral:
             else:
                 batch_losses = self._dividemix_epoch(state, nets, opts, client, gen, rng, e)
             losses += batch_losses
-            if math.isnan(ssl.mean_or_nan(batch_losses)):  # diverged: the runner stops the run
+            if math.isnan(semisup.mean_or_nan(batch_losses)):  # diverged: the runner stops the run
                 break
-        return ClientUpdate(client.id, None, client.size, train_loss=ssl.mean_or_nan(losses))
+        return ClientUpdate(client.id, None, client.size, train_loss=semisup.mean_or_nan(losses))
 
     def _warmup_epoch(self, nets, opts, client, gen) -> list[float]:
         labels = client.labels
         losses = []
         for net, opt in zip(nets, opts):
-            losses += ssl.epoch_loop(net, opt, client.data, client.indices, batch_size=self.warmup_batch_size,
+            losses += semisup.epoch_loop(net, opt, client.data, client.indices, batch_size=self.warmup_batch_size,
                                      gen=gen, augment=self.augment,
                                      loss_fn=lambda m, xb, pos: F.cross_entropy(m(xb), labels[pos]))
         return losses
 
     def _dividemix_epoch(self, state, nets, opts, client, gen, rng, e) -> list[float]:
-        w = [ssl.clean_probability(ssl.sample_losses(net, client.data, client.indices, client.labels),
+        w = [semisup.clean_probability(semisup.sample_losses(net, client.data, client.indices, client.labels),
                                    int(rng.integers(2**31 - 1)), **self.gmm) for net in nets]
         losses = []
         for i in (0, 1):  # network i learns from the division of its peer (co-divide)
-            losses += ssl.dividemix_epoch(
+            losses += semisup.dividemix_epoch(
                 nets[i], nets[1 - i], opts[i], client.data, client.indices, client.labels, w[1 - i],
                 p_threshold=self.p_threshold, T=self.T, alpha=self.alpha, lambda_u=self.lambda_u,
                 epochs_done=e - self.warmup_epochs, rampup_epochs=self.rampup_epochs,
@@ -130,7 +130,7 @@ class DivideMixCentral:
         return losses
 
     def aggregate(self, state, updates, ctx):
-        ssl.report_flags(ctx, [state["mem"]])
+        semisup.report_flags(ctx, [state["mem"]])
         last = self._epochs(ctx)[-1]
         return state, {"stage": "warmup" if last < self.warmup_epochs else "training", "epoch": last + 1,
                        "lambda_u": float(self.lambda_u)}

@@ -19,7 +19,7 @@ Algorithm (runner rounds; N clients, m = max(⌊ω·N⌋, 1) per training round)
      the client's running mean prediction, p̂_k ← m·p̂_k + (1−m)·mean softmax f(x; θ̂_k) (Eq. 12),
      uniform 1/C at first and kept per client across rounds.
   4. local training: mixup (α = 1) + η·KL(u ‖ q̄), q̄ the batch mean of softmax(f(x̃)) and u uniform
-     (Eq. 13; η = 1 non-IID, 0 IID).
+     (L_mix of Eq. 13 plus the class-prior regulariser; η = 1 non-IID, 0 IID).
   5. local filter: a 2-component GMM fitted on the trained local model's losses, warm-started from
      the global filter; its (means, variances, weights) are uploaded (``ClientUpdate.payload``).
 - Server: FedAvg of the models (weights n_k = |D_k|); federated filter (Eq. 5) = γ-weighted
@@ -229,7 +229,8 @@ def sample_loss(logits: torch.Tensor, labels: torch.Tensor, on_softmax: bool) ->
 
 
 def prior_kl(logits: torch.Tensor) -> torch.Tensor:
-    """KL(u ‖ q̄) = Σ_c u_c log(u_c / q̄_c), q̄ the batch mean of softmax(logits), u uniform (Eq. 13)."""
+    """The class-prior regulariser KL(u ‖ q̄) = Σ_c u_c log(u_c / q̄_c): q̄ the batch mean of
+    softmax(logits), u the uniform prior (as the reference's ``regularization_penalty``)."""
     c = logits.shape[1]
     log_qbar = torch.logsumexp(F.log_softmax(logits, dim=1), dim=0) - math.log(logits.shape[0])
     return (-math.log(c) - log_qbar).mean()
@@ -414,8 +415,14 @@ class FedDiv:
         train_y[relabeled] = yhat[relabeled]
 
         # 4. local training on the selected samples
-        select = self._selector(model, view, cs, base, use_pcs, consistent, yhat, ctx)
-        loss = self._local_train(model, view, train_y, select, ctx.generator("train", k))
+        select, sizes = self._selector(model, view, cs, base, use_pcs, consistent, yhat, ctx), []
+
+        def counted(epoch):
+            pos = select(epoch)
+            sizes.append(int(pos.numel()))
+            return pos
+        loss = self._local_train(model, view, train_y, counted, ctx.generator("train", k))
+        share = float(np.mean(sizes)) / view.size if sizes else 0.0  # mean share trained on per epoch
         if loss is None:  # nothing selected: the client sends the global model back (D15)
             loss = float(F.cross_entropy(logits_g, y))
 
@@ -432,14 +439,15 @@ class FedDiv:
                            int(ctx.rng("gmm", k).integers(2**31 - 1)))
         local = sort_components(local) if self.align_components else local
         cs["count"] += 1
-        state["pending"][k] = {"delta": delta, "noisy": noisy_client, "idx": idx, "flagged": ~clean}
+        state["pending"][k] = {"delta": delta, "noisy": noisy_client, "idx": idx, "flagged": ~clean,
+                               "share": share}
         payload = {}
         if self.local_filter:
             cs["filter"] = local
         else:
             payload = {"filter": {key: v.copy() for key, v in local.items()}}
         return ClientUpdate(k, engine.get_weights(model), view.size, payload=payload,
-                            metrics={"delta_hat": delta}, train_loss=loss)
+                            metrics={"delta_hat": delta, "train_share": share}, train_loss=loss)
 
     def _client_filter(self, state, cs, x, ctx, k) -> dict:
         """The filter a client applies: the global one, or (``local_filter``) its own, fitted from
@@ -480,7 +488,7 @@ class FedDiv:
         return minmax(x) if self.normalize_losses else x
 
     def _batch_loss(self, model, xb, yb, gen):
-        """Mixup CE (+ η·KL(u ‖ q̄) on the mixed batch, Eq. 13)."""
+        """L_mix (mixup CE, Eq. 13) + η·KL(u ‖ q̄) on the mixed batch."""
         if self.unmixed_forward:  # D14: the reference's unused forward still moves BN statistics
             with torch.no_grad():
                 model(xb)
@@ -524,7 +532,8 @@ class FedDiv:
         ctx.report_samples(torch.cat([pend[k]["idx"] for k in ks]), torch.cat([pend[k]["flagged"] for k in ks]))
         f = state["filter"] if not self.local_filter else None
         out = {"stage": "training", "mean_delta_hat": float(np.mean([pend[k]["delta"] for k in ks])),
-               "noisy_clients": float(sum(pend[k]["noisy"] for k in ks))}
+               "noisy_clients": float(sum(pend[k]["noisy"] for k in ks)),
+               "train_share": float(np.mean([pend[k]["share"] for k in ks]))}
         if f is not None:
             lo = int(np.argmin(f["means"]))
             out.update(filter_mu_clean=float(f["means"][lo]), filter_mu_noisy=float(f["means"][1 - lo]))

@@ -109,8 +109,8 @@ class FedDyn:
         if h_k is None:
             state["h"][client.id] = drift
         else:
-            for n in names:
-                h_k[n].add_(drift[n])  # h_k += θ_k^t − θ^{t−1}: the gradient-state update (Alg. 1)
+            for n in names:  # h_k += θ_k^t − θ^{t−1}: the gradient-state update (Alg. 1)
+                h_k[n].add_(drift[n].to(h_k[n].device))  # (a resumed checkpoint may map h to the device)
         return ClientUpdate(client.id, new, client.size, train_loss=loss)
 
     def local_solve(self, model, client, lin, a_k, lr, gen) -> float:

@@ -10,7 +10,7 @@ weights n_k-weighted (FedAvg, inferred). Communication budget 100 rounds × frac
 vs 10000 for the other methods); the cost column shows it. Clothing1M: no warm-up, 40 × 10 epochs,
 lr 0.001 (``method_dataset/jointopt_clothing1m.yaml``).
 
-Local JointOpt step (paper §3; ``ssl.jointopt_terms``): loss L_c + α·L_p + β·L_e with soft-label
+Local JointOpt step (paper §3; ``semisup.jointopt_terms``): loss L_c + α·L_p + β·L_e with soft-label
 cross-entropy L_c, prior term L_p = KL(p ‖ batch-mean prediction) with the uniform prior p, and the
 mean prediction entropy L_e. Every epoch the softmax outputs of the training forward passes are
 stored (augmented, train mode, as the reference code); once a client has run ``begin`` JointOpt
@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import math
 
-from fedlnl.methods import engine, ssl
+from fedlnl.methods import engine, semisup
 from fedlnl.methods.protocol import ClientUpdate
 
 
@@ -48,18 +48,18 @@ class JointOpt:
     def __init__(self, frac, batch_size, augment, warmup_rounds, warmup_local_epochs, warmup_lr,
                  warmup_momentum, warmup_weight_decay, train_rounds, local_epochs, lr, momentum,
                  weight_decay, alpha, beta, window, begin):
-        ssl.check("frac", frac, isinstance(frac, (int, float)) and 0 < frac <= 1, "a fraction in (0, 1]")
-        ssl.check_int("warmup_rounds", warmup_rounds, 0)
+        semisup.check("frac", frac, isinstance(frac, (int, float)) and 0 < frac <= 1, "a fraction in (0, 1]")
+        semisup.check_int("warmup_rounds", warmup_rounds, 0)
         for key, v in (("batch_size", batch_size), ("warmup_local_epochs", warmup_local_epochs),
                        ("train_rounds", train_rounds), ("local_epochs", local_epochs),
                        ("window", window), ("begin", begin)):
-            ssl.check_int(key, v, 1)
+            semisup.check_int(key, v, 1)
         for key, v in (("warmup_lr", warmup_lr), ("lr", lr)):
-            ssl.check_positive(key, v)
+            semisup.check_positive(key, v)
         for key, v in (("warmup_momentum", warmup_momentum), ("momentum", momentum),
                        ("warmup_weight_decay", warmup_weight_decay), ("weight_decay", weight_decay),
                        ("alpha", alpha), ("beta", beta)):
-            ssl.check_nonneg(key, v)
+            semisup.check_nonneg(key, v)
         self.frac, self.batch_size, self.augment = frac, batch_size, augment
         self.warmup_rounds, self.warmup_local_epochs = warmup_rounds, warmup_local_epochs
         self.warmup_lr, self.warmup_momentum, self.warmup_weight_decay = warmup_lr, warmup_momentum, warmup_weight_decay
@@ -93,30 +93,30 @@ class JointOpt:
 
         mem = state["clients"].get(client.id)
         if mem is None:
-            mem = ssl.label_memory(client.indices, client.labels, state["num_classes"], self.window)
+            mem = semisup.label_memory(client.indices, client.labels, state["num_classes"], self.window)
             state["clients"][client.id] = mem
         opt = engine.sgd(model, self.lr, self.momentum, self.weight_decay)
         losses, updated = [], False
         for _ in range(self.local_epochs):
-            batch_losses, probs = ssl.jointopt_epoch(
+            batch_losses, probs = semisup.jointopt_epoch(
                 model, opt, client.data, mem, alpha=self.alpha, beta=self.beta,
                 batch_size=self.batch_size, gen=gen, augment=self.augment, record=True)
             losses += batch_losses
-            if math.isnan(ssl.mean_or_nan(batch_losses)):  # diverged: the runner stops the run
+            if math.isnan(semisup.mean_or_nan(batch_losses)):  # diverged: the runner stops the run
                 break
-            updated = ssl.push_predictions(mem, probs, self.begin) or updated
+            updated = semisup.push_predictions(mem, probs, self.begin) or updated
         if updated:
-            hard = ssl.hard_labels(mem)
+            hard = semisup.hard_labels(mem)
             ctx.relabel(mem["idx"], hard)
             mem["flagged"] = hard != mem["observed"]
         return ClientUpdate(client.id, engine.get_weights(model), client.size,
-                            train_loss=ssl.mean_or_nan(losses))
+                            train_loss=semisup.mean_or_nan(losses))
 
     def aggregate(self, state, updates, ctx):
         state["global"] = engine.weighted_average(
             [u.weights for u in updates], [u.num_samples for u in updates])
         if not self._warmup(ctx):
-            ssl.report_flags(ctx, state["clients"].values())
+            semisup.report_flags(ctx, state["clients"].values())
         return state, {"stage": "warmup" if self._warmup(ctx) else "training"}
 
     def eval_model(self, state):

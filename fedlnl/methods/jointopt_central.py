@@ -9,14 +9,14 @@ see (same federation hash), and counts no communication cost. One runner round i
 ``epochs_per_round`` epochs, so the test accuracy is evaluated during training.
 
 Algorithm (paper §3, two steps as the reference code):
-- First step, ``epochs`` = 200 epochs: loss L_c + α·L_p + β·L_e (``ssl.jointopt_terms``) with the
+- First step, ``epochs`` = 200 epochs: loss L_c + α·L_p + β·L_e (``semisup.jointopt_terms``) with the
   soft labels, momentum SGD 0.9, weight decay 1e-4, constant lr, batch 128. The softmax outputs of
   the training passes are stored every epoch; from epoch ``begin`` = 70 on, after every epoch the soft
   labels become the mean of the last ``window`` = 10 epochs of outputs.
 - Second step, ``second_epochs`` = 120 epochs: the network restarts from its initial weights and
   trains with soft-label cross-entropy on the final soft labels, lr ``second_lr`` = 0.2 divided by 10
   (``second_decay``) after ⌊E/3⌋ and ⌊2E/3⌋ epochs (reference code). ``second_epochs: 0`` skips it.
-- α, β and lr per noise group (FedCorr Table 8, ``ssl.noise_group``): low noise β 1.5, lr 0.1;
+- α, β and lr per noise group (FedCorr Table 8, ``semisup.noise_group``): low noise β 1.5, lr 0.1;
   high noise β 0.8, lr 0.2; α 1.2 for both. Table 8's lr is taken as the first step's.
 
 Implementation notes
@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import math
 
-from fedlnl.methods import engine, ssl
+from fedlnl.methods import engine, semisup
 from fedlnl.methods.protocol import ALL_CLIENTS, ClientUpdate
 
 
@@ -41,17 +41,17 @@ class JointOptCentral:
                  noise_tau, second_epochs, second_lr, second_decay):
         for key, v in (("batch_size", batch_size), ("epochs", epochs), ("epochs_per_round", epochs_per_round),
                        ("begin", begin), ("window", window)):
-            ssl.check_int(key, v, 1)
-        ssl.check_int("second_epochs", second_epochs, 0)
+            semisup.check_int(key, v, 1)
+        semisup.check_int("second_epochs", second_epochs, 0)
         for key, v in (("lr_low", lr_low), ("lr_high", lr_high), ("second_lr", second_lr),
                        ("second_decay", second_decay)):
-            ssl.check_positive(key, v)
+            semisup.check_positive(key, v)
         for key, v in (("alpha", alpha), ("beta_low", beta_low), ("beta_high", beta_high),
                        ("momentum", momentum), ("weight_decay", weight_decay)):
-            ssl.check_nonneg(key, v)
+            semisup.check_nonneg(key, v)
         self.batch_size, self.augment = batch_size, augment
         self.epochs, self.epochs_per_round, self.begin, self.window = epochs, epochs_per_round, begin, window
-        high = ssl.noise_group(noise_rho, noise_tau, high_noise_from) == "high"
+        high = semisup.noise_group(noise_rho, noise_tau, high_noise_from) == "high"
         self.alpha, self.beta, self.lr = alpha, (beta_high if high else beta_low), (lr_high if high else lr_low)
         self.momentum, self.weight_decay = momentum, weight_decay
         self.second_epochs, self.second_lr, self.second_decay = second_epochs, second_lr, second_decay
@@ -77,7 +77,7 @@ class JointOptCentral:
     def client_update(self, state, client, ctx):
         model = state["model"]
         if state["mem"] is None:
-            state["mem"] = ssl.label_memory(client.indices, client.labels, state["num_classes"], self.window)
+            state["mem"] = semisup.label_memory(client.indices, client.labels, state["num_classes"], self.window)
         mem, gen = state["mem"], ctx.generator("train")
         losses, updated = [], False
         for e in self._epochs(ctx):
@@ -89,23 +89,23 @@ class JointOptCentral:
                 for group in state["opt"].param_groups:
                     group["lr"] = self._second_lr(e - self.epochs)
             # the second step is L_c alone on the frozen final soft labels
-            batch_losses, probs = ssl.jointopt_epoch(
+            batch_losses, probs = semisup.jointopt_epoch(
                 model, state["opt"], client.data, mem, alpha=self.alpha if first else 0.0,
                 beta=self.beta if first else 0.0, batch_size=self.batch_size, gen=gen,
                 augment=self.augment, record=first)
             losses += batch_losses
-            if math.isnan(ssl.mean_or_nan(batch_losses)):  # diverged: the runner stops the run
+            if math.isnan(semisup.mean_or_nan(batch_losses)):  # diverged: the runner stops the run
                 break
             if first:
-                updated = ssl.push_predictions(mem, probs, self.begin) or updated
+                updated = semisup.push_predictions(mem, probs, self.begin) or updated
         if updated:
-            hard = ssl.hard_labels(mem)
+            hard = semisup.hard_labels(mem)
             ctx.relabel(mem["idx"], hard)
             mem["flagged"] = hard != mem["observed"]
-        return ClientUpdate(client.id, None, client.size, train_loss=ssl.mean_or_nan(losses))
+        return ClientUpdate(client.id, None, client.size, train_loss=semisup.mean_or_nan(losses))
 
     def aggregate(self, state, updates, ctx):
-        ssl.report_flags(ctx, [state["mem"]])
+        semisup.report_flags(ctx, [state["mem"]])
         last = self._epochs(ctx)[-1]
         return state, {"stage": "training" if last < self.epochs else "retraining", "epoch": last + 1}
 

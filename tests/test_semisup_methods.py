@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from conftest import compose_cfg, run_tiny
-from fedlnl.methods import engine, ssl
+from fedlnl.methods import engine, semisup
 from fedlnl.methods.dividemix import DivideMix
 from fedlnl.methods.jointopt import JointOpt
 from fedlnl.methods.protocol import ClientView, RoundContext
@@ -24,62 +24,62 @@ def test_co_divide_marks_high_loss_mode_unlabeled():
     noisy = np.r_[np.zeros(80, bool), np.ones(20, bool)]
     losses = np.where(noisy, 2.0 + 0.1 * g.standard_normal(100), 0.1 + 0.02 * g.standard_normal(100))
     losses = torch.tensor(g.permutation(np.c_[losses, noisy]), dtype=torch.float32)
-    w = ssl.clean_probability(losses[:, 0], 0, max_iter=10, tol=1e-2, reg_covar=5e-4)
+    w = semisup.clean_probability(losses[:, 0], 0, max_iter=10, tol=1e-2, reg_covar=5e-4)
     planted = losses[:, 1].bool()
     assert torch.equal(w <= 0.5, planted)  # unlabeled set = the high-loss mode
     assert w[~planted].min() > 0.99 and w[planted].max() < 0.01
     # min-max normalisation: an affine change of the losses gives the same division
-    w2 = ssl.clean_probability(3 * losses[:, 0] + 7, 0, max_iter=10, tol=1e-2, reg_covar=5e-4)
+    w2 = semisup.clean_probability(3 * losses[:, 0] + 7, 0, max_iter=10, tol=1e-2, reg_covar=5e-4)
     assert torch.allclose(w, w2, atol=1e-4)
-    assert torch.equal(ssl.clean_probability(torch.full((5,), 0.3), 0, 10, 1e-2, 5e-4), torch.ones(5))
+    assert torch.equal(semisup.clean_probability(torch.full((5,), 0.3), 0, 10, 1e-2, 5e-4), torch.ones(5))
 
 
 def test_sharpen_refine_and_co_guess():
-    assert torch.allclose(ssl.sharpen(torch.tensor([[0.6, 0.4]]), 0.5), torch.tensor([[0.36, 0.16]]) / 0.52)
+    assert torch.allclose(semisup.sharpen(torch.tensor([[0.6, 0.4]]), 0.5), torch.tensor([[0.36, 0.16]]) / 0.52)
     p = torch.tensor([[0.2, 0.3, 0.5]])
-    assert torch.allclose(ssl.sharpen(p, 1.0), p)
+    assert torch.allclose(semisup.sharpen(p, 1.0), p)
     # ȳ = 0.5·[1,0,0] + 0.5·[0,.5,.5] = [.5,.25,.25] → squared and renormalised: [2/3, 1/6, 1/6]
-    refined = ssl.refine_labels(torch.tensor([[1.0, 0, 0]]), torch.tensor([0.5]), torch.tensor([[0.0, 0.5, 0.5]]), 0.5)
+    refined = semisup.refine_labels(torch.tensor([[1.0, 0, 0]]), torch.tensor([0.5]), torch.tensor([[0.0, 0.5, 0.5]]), 0.5)
     assert torch.allclose(refined, torch.tensor([[2 / 3, 1 / 6, 1 / 6]]))
     # w = 1 keeps the given label; w = 0 keeps the (sharpened) prediction
     y, q = torch.tensor([[0.0, 1.0]]), torch.tensor([[0.7, 0.3]])
-    assert torch.allclose(ssl.refine_labels(y, torch.tensor([1.0]), q, 0.5), y)
-    assert torch.allclose(ssl.refine_labels(y, torch.tensor([0.0]), q, 0.5), ssl.sharpen(q, 0.5))
+    assert torch.allclose(semisup.refine_labels(y, torch.tensor([1.0]), q, 0.5), y)
+    assert torch.allclose(semisup.refine_labels(y, torch.tensor([0.0]), q, 0.5), semisup.sharpen(q, 0.5))
     # co-guess: mean of 2 networks x 2 views = [.55, .45] → [.3025, .2025] / .505
-    views = [torch.tensor([[0.8, 0.2]]), torch.tensor([[0.6, 0.4]]), torch.tensor([[0.5, 0.5]]), torch.tensor([[0.3, 0.7]])]
-    assert torch.allclose(ssl.co_guess(views, 0.5), torch.tensor([[0.3025, 0.2025]]) / 0.505)
+    views = [torch.tensor([[a, 1 - a]]) for a in (0.8, 0.6, 0.5, 0.3)]
+    assert torch.allclose(semisup.co_guess(views, 0.5), torch.tensor([[0.3025, 0.2025]]) / 0.505)
 
 
 def test_mixmatch_loss_and_rampup():
     logits = torch.zeros(4, 2)  # uniform predictions: L_X = ln 2 whatever the targets, L_reg = 0
     targets = torch.tensor([[0.3, 0.7], [1.0, 0.0], [1.0, 0.0], [0.0, 1.0]])
-    loss, l_x, l_u, l_reg = ssl.mixmatch_loss(logits, targets, 2, 10.0, torch.full((2,), 0.5))
+    loss, l_x, l_u, l_reg = semisup.mixmatch_loss(logits, targets, 2, 10.0, torch.full((2,), 0.5))
     assert math.isclose(float(l_x), math.log(2), rel_tol=1e-6)
     assert math.isclose(float(l_u), 0.25, rel_tol=1e-6) and abs(float(l_reg)) < 1e-7
     assert math.isclose(float(loss), math.log(2) + 2.5, rel_tol=1e-6)
     # L_reg = KL(π ‖ p̄) when the mean prediction is not uniform
     lg = torch.tensor([[math.log(3.0), 0.0]])
-    reg = ssl.mixmatch_loss(lg, torch.tensor([[1.0, 0.0]]), 1, 0.0, torch.full((2,), 0.5))[3]
+    reg = semisup.mixmatch_loss(lg, torch.tensor([[1.0, 0.0]]), 1, 0.0, torch.full((2,), 0.5))[3]
     assert math.isclose(float(reg), 0.5 * math.log(0.5 / 0.75) + 0.5 * math.log(0.5 / 0.25), rel_tol=1e-5)
-    assert ssl.linear_rampup(8, 16) == 0.5 and ssl.linear_rampup(20, 16) == 1.0 and ssl.linear_rampup(-1, 16) == 0.0
+    assert semisup.linear_rampup(8, 16) == 0.5 and semisup.linear_rampup(20, 16) == 1.0 and semisup.linear_rampup(-1, 16) == 0.0
 
 
 def test_ensemble_averages_softmax():
     torch.manual_seed(0)
     a, b = nn.Linear(3, 4), nn.Linear(3, 4)
     x = torch.randn(5, 3)
-    out = ssl.Ensemble(a, b, "softmax")(x)
+    out = semisup.Ensemble(a, b, "softmax")(x)
     mean = (a(x).softmax(1) + b(x).softmax(1)) / 2
     assert torch.allclose(out.exp(), mean, atol=1e-6)
     y = torch.tensor([0, 1, 2, 3, 0])
     assert torch.allclose(F.cross_entropy(out, y), -mean[torch.arange(5), y].log().mean(), atol=1e-6)
-    assert torch.allclose(ssl.Ensemble(a, b, "logits")(x), a(x) + b(x))
+    assert torch.allclose(semisup.Ensemble(a, b, "logits")(x), a(x) + b(x))
     # confident disagreement stays finite (no log 0)
     with torch.no_grad():
         a.weight.mul_(1e4)
-    assert torch.isfinite(F.cross_entropy(ssl.Ensemble(a, b, "softmax")(x), y))
+    assert torch.isfinite(F.cross_entropy(semisup.Ensemble(a, b, "softmax")(x), y))
     with pytest.raises(ValueError, match="method.ensemble"):
-        ssl.Ensemble(a, b, "mean")
+        semisup.Ensemble(a, b, "mean")
 
 
 def test_fresh_copy_is_independent_and_leaves_global_rng():
@@ -87,10 +87,10 @@ def test_fresh_copy_is_independent_and_leaves_global_rng():
     net = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2))
     net.head = net[2]
     before = torch.get_rng_state()
-    twin, again = ssl.fresh_copy(net, 7, "all"), ssl.fresh_copy(net, 7, "all")
+    twin, again = semisup.fresh_copy(net, 7, "all"), semisup.fresh_copy(net, 7, "all")
     assert torch.equal(torch.get_rng_state(), before)
     assert not torch.equal(twin[0].weight, net[0].weight) and torch.equal(twin[0].weight, again[0].weight)
-    head_only = ssl.fresh_copy(net, 7, "head")
+    head_only = semisup.fresh_copy(net, 7, "head")
     assert torch.equal(head_only[0].weight, net[0].weight) and not torch.equal(head_only[2].weight, net[2].weight)
 
 
@@ -98,14 +98,14 @@ def test_fresh_copy_is_independent_and_leaves_global_rng():
                                            (0.6, 0.0, "low"), (0.6, 0.5, "high"), (0.8, 0.0, "high"),
                                            (0.8, 0.5, "high")])
 def test_noise_groups_match_fedcorr(rho, tau, group):
-    assert ssl.noise_group(rho, tau, 0.4) == group
+    assert semisup.noise_group(rho, tau, 0.4) == group
 
 
 # ------------------------------------------------------------------------------ JointOpt pieces
 def test_jointopt_loss_terms_closed_form():
     logits = torch.tensor([[0.0, 0.0], [math.log(3.0), 0.0]])  # s = [.5,.5], [.75,.25]
     soft = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
-    l_c, l_p, l_e, s = ssl.jointopt_terms(logits, soft, torch.tensor([0.5, 0.5]))
+    l_c, l_p, l_e, s = semisup.jointopt_terms(logits, soft, torch.tensor([0.5, 0.5]))
     assert math.isclose(float(l_c), (math.log(2) + math.log(4)) / 2, rel_tol=1e-6)
     # KL(p ‖ s̄), s̄ = [.625, .375]
     assert math.isclose(float(l_p), 0.5 * math.log(0.5 / 0.625) + 0.5 * math.log(0.5 / 0.375), rel_tol=1e-5)
@@ -116,18 +116,18 @@ def test_jointopt_loss_terms_closed_form():
 
 def test_jointopt_soft_label_is_mean_of_recent_predictions():
     labels = torch.tensor([0, 2])
-    mem = ssl.label_memory(torch.tensor([10, 11]), labels, 3, window=2)
+    mem = semisup.label_memory(torch.tensor([10, 11]), labels, 3, window=2)
     assert torch.equal(mem["soft"], torch.tensor([[1.0, 0, 0], [0, 0, 1.0]]))
     p1 = torch.tensor([[0.6, 0.3, 0.1], [0.1, 0.1, 0.8]])
     p2 = torch.tensor([[0.2, 0.7, 0.1], [0.3, 0.3, 0.4]])
     p3 = torch.tensor([[0.0, 1.0, 0.0], [0.5, 0.1, 0.4]])
-    assert not ssl.push_predictions(mem, p1, begin=2)  # before `begin`: labels untouched
+    assert not semisup.push_predictions(mem, p1, begin=2)  # before `begin`: labels untouched
     assert torch.equal(mem["soft"][0], torch.tensor([1.0, 0, 0]))
-    assert ssl.push_predictions(mem, p2, begin=2)
+    assert semisup.push_predictions(mem, p2, begin=2)
     assert torch.allclose(mem["soft"], torch.tensor([[0.4, 0.5, 0.1], [0.2, 0.2, 0.6]]))
-    assert ssl.push_predictions(mem, p3, begin=2)  # window 2: p1 dropped
+    assert semisup.push_predictions(mem, p3, begin=2)  # window 2: p1 dropped
     assert torch.allclose(mem["soft"], torch.tensor([[0.1, 0.85, 0.05], [0.4, 0.2, 0.4]]))
-    assert torch.equal(ssl.hard_labels(mem), torch.tensor([1, 0]))
+    assert torch.equal(semisup.hard_labels(mem), torch.tensor([1, 0]))
 
 
 # ------------------------------------------------------------------------------ client memory
