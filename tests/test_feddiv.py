@@ -193,9 +193,9 @@ def test_stage_lengths_match_fedavg_cost():
     meth = _method(rounds=1000, warmup_iterations=5, frac=0.1)
     info = FederationInfo(100, 10, (500,) * 100, (3, 32, 32), 0)
     assert meth.total_rounds(info) == 500 + 950  # CIFAR-10: 5 iterations + 950 rounds (Table 7)
-    meth = _method(rounds=3, warmup_iterations=5, frac=0.1)
-    with pytest.raises(ValueError, match="method.training_rounds"):
-        meth.total_rounds(info)
+    assert _method(rounds=3, warmup_iterations=1, frac=0.5, training_rounds=7).total_rounds(info) == 100 + 7
+    with pytest.raises(ValueError, match="method.training_rounds=None is invalid"):
+        _method(rounds=3, warmup_iterations=5, frac=0.1)
 
 
 def test_warmup_visits_every_client_once_per_iteration():

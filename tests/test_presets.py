@@ -12,7 +12,11 @@ import re
 
 import pytest
 import torch
+from hydra import compose as hydra_compose
+from hydra import initialize_config_module
+from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import MissingConfigException
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
@@ -74,10 +78,6 @@ def reference_rows(name: str) -> list[dict]:
 def compose(overrides: list[str], hydra: bool = False):
     """The composed config (with ``hydra.runtime.choices`` if asked); skips when a dataset YAML the
     preset needs (e.g. dataset/clothing1m.yaml, added by another change) does not exist yet."""
-    from hydra import compose as hydra_compose, initialize_config_module
-    from hydra.core.global_hydra import GlobalHydra
-    from hydra.errors import MissingConfigException
-
     GlobalHydra.instance().clear()
     try:
         with initialize_config_module(config_module="fedlnl.conf", version_base=None):
@@ -191,6 +191,9 @@ def test_method_dataset_values_reach_the_presets():
     if (CONF / "dataset" / "clothing1m.yaml").exists():
         assert lr("paper=fedcorr_t5", "method=fedavg") == 0.003
         assert lr("paper=fedcorr_t5", "method=fedcorr") == 0.001
+        # ImageNet weights for ResNet-50 on Clothing1M, none for the tiny stand-in model
+        assert compose(["paper=fedcorr_t5"]).model.pretrained is True
+        assert "pretrained" not in compose(["paper=fedcorr_t5", "debug=tiny"]).model
 
 
 def _options(group: str) -> list[tuple[str, str]]:

@@ -31,9 +31,9 @@ Algorithm (runner rounds; N clients, m = max(⌊ω·N⌋, 1) per training round)
 
 Stage lengths and communication cost
 - ``rounds`` is the FedAvg-equivalent budget (``${fl.rounds}``). Unless ``training_rounds`` sets 𝒯,
-  𝒯 = rounds − ⌈𝒯_wu·N/m⌉, i.e. the paper's accounting of 𝒯_wu iterations as 𝒯_wu/ω rounds, so
-  FedDiv and FedAvg spend the same number of client participations (CIFAR-10: 5 + 950 ↔ 1000,
-  CIFAR-100: 10 + 900 ↔ 1000, Clothing1M: 2 + 100 ↔ 200; Table 7).
+  𝒯 = rounds − ⌈𝒯_wu/ω⌉, the paper's accounting of 𝒯_wu iterations as 𝒯_wu/ω rounds, so FedDiv and
+  FedAvg spend the same number of client participations whenever ω·N is an integer (CIFAR-10:
+  5 + 950 ↔ 1000, CIFAR-100: 10 + 900 ↔ 1000, Clothing1M: 2 + 100 ↔ 200; Table 7).
 - ``aggregate`` reports ``stage`` = ``warmup`` | ``training``.
 
 Table 5 variants (flags; all off = FedDiv)
@@ -62,7 +62,7 @@ set alone as ``method.<switch>=...``)
 | ``phat_conf_mask`` | null: p̂ from every sample (Eq. 12) | 0.85: only samples with de-biased confidence > 0.85 (no update if none) | D12 |
 | ``eta_twice`` | false: η·KL | true: η·(η·KL) | D13 |
 | ``unmixed_forward`` | false | true: an extra un-mixed forward per batch (train mode) that moves BatchNorm statistics | D14 |
-| ``skip_small_subsets`` | false | true: a client with ≤ batch_size selected samples sends the global model unchanged | D15 |
+| ``skip_small_subsets`` | false | true: a client with ≤ batch_size selected samples sends the global model unchanged (per epoch under ``per_epoch`` PCS) | D15 |
 | ``align_components`` | true: local filters stored sorted by mean (clean first) | false: averaged by component index | (a) |
 
 (a) Not a listed divergence: Eq. 5 presumes component j of every client is the same component; the
@@ -85,6 +85,10 @@ Other implementation notes and deviations
 - The initial filter and the local GMM fits take their seeds from ``ctx.rng`` (D2, D19 fixed).
 - Mixup is used in both stages (the code's ``--mixup``); methods.md §3.1. The regulariser applies in
   the warm-up too (the code's ``--reg`` acts in every ``update_weights`` call).
+- ζ = 0.75 as the main text and the sensitivity figure (the supplement also names 0.70).
+- The "Local filter" variant is read as "no federated filter": a client's filter only ever sees its
+  own losses; the paper does not say how it starts, so the first one is a fresh EM fit (k-means
+  initialisation) on the client's current losses.
 - Not applicable here: D16 (label noise lives in ``noise=``), D17 (model), D18 (sklearn subclass),
   D20 (paper typos).
 """
@@ -276,7 +280,11 @@ class FedDiv:
                        ("unmixed_forward", unmixed_forward), ("skip_small_subsets", skip_small_subsets),
                        ("align_components", align_components)):
             _check(key, v, isinstance(v, bool), "true or false")
-        self.rounds, self.training_rounds = int(rounds), training_rounds
+        # 𝒯: given, or the budget left after the warm-up counted as 𝒯_wu/ω rounds (paper accounting)
+        self.T = int(training_rounds) if training_rounds is not None else (
+            int(rounds) - math.ceil(warmup_iterations / frac - 1e-9))
+        _check("training_rounds", training_rounds, self.T >= 1,
+               f"an integer >= 1 (null derives rounds - T_wu/frac = {self.T}; raise fl.rounds or set it)")
         self.warmup_iterations, self.frac = int(warmup_iterations), float(frac)
         self.local_epochs, self.batch_size = int(local_epochs), int(batch_size)
         self.lr, self.momentum, self.weight_decay, self.augment = lr, momentum, weight_decay, augment
@@ -296,24 +304,11 @@ class FedDiv:
         self.align_components = align_components
 
     # ---------------------------------------------------------------- stages
-    def _m(self, n: int) -> int:
-        return max(int(self.frac * n), 1)
-
     def _warmup_rounds(self, n: int) -> int:
         return self.warmup_iterations * n
 
-    def _training_rounds(self, n: int) -> int:
-        if self.training_rounds is not None:
-            return int(self.training_rounds)
-        t = self.rounds - math.ceil(self._warmup_rounds(n) / self._m(n))
-        if t < 1:
-            raise ValueError(
-                f"method.training_rounds=null is invalid here: rounds={self.rounds} leaves no training round "
-                f"after {self.warmup_iterations} warm-up iterations of {n} clients; set method.training_rounds >= 1")
-        return t
-
     def total_rounds(self, info):
-        return self._warmup_rounds(info.num_clients) + self._training_rounds(info.num_clients)
+        return self._warmup_rounds(info.num_clients) + self.T
 
     def _in_warmup(self, ctx) -> bool:
         return ctx.round < self._warmup_rounds(ctx.num_clients)
@@ -378,67 +373,30 @@ class FedDiv:
         cs = state["clients"].setdefault(k, {"phat": torch.full((c,), 1.0 / c, device=idx.device), "count": 0})
         model = state["model"]
         engine.set_weights(model, state["global"])
-
         # 1. filter the global model's losses (Eq. 7); δ̂_k and the noisy-client test (Eq. 11)
         logits_g = self._predict(model, view, ctx.generator("prepass", k))
         conf, yhat = logits_g.softmax(1).max(1)
-        loss_g = sample_loss(logits_g, y, self.loss_on_softmax)
-        x_g = self._filter_input(loss_g)
-        filt = self._client_filter(state, cs, x_g, ctx, k)
-        clean_np = passes(clean_posterior(x_g, filt), self.posterior_threshold, self.strict)
-        clean = torch.as_tensor(clean_np, device=idx.device)
-        delta = 1.0 - float(clean_np.mean())
+        filt, clean, delta = self._split(state, cs, sample_loss(logits_g, y, self.loss_on_softmax), ctx, k)
         noisy_client = delta > self.noisy_client_threshold
-
-        # 2-3. relabel candidates (Eq. 8), the base training set and the PCS rule
-        none = torch.zeros_like(clean)
-        cand = relabel_candidates(~clean, conf, self.zeta, self.strict) if noisy_client and self.relabel else none
-        base, use_pcs = torch.ones_like(clean), False
-        if noisy_client:
-            if self.curriculum and cs["count"] < self.curriculum_participations:
-                base = clean  # D10: the first participations train on GMM-clean samples only
-            else:
-                with_relabels = not (self.curriculum and delta <= self.curriculum_min_noise)
-                base, use_pcs = clean | (cand if with_relabels else none), self.pcs
-        if "cached" not in cs:  # D9: de-biased labels start as the global prediction
-            cs["cached"] = yhat.clone()
-        consistent = pcs_keep(yhat, cs["cached"])
-        if self.persistent_relabels:  # D11: written for good (the PCS-consistent ones if PCS is cached)
-            relabeled = cand & consistent if (self.pcs and self.pcs_mode == "cached") else cand
-            if bool(relabeled.any()):
-                ctx.relabel(idx[relabeled], yhat[relabeled])
-        else:  # relabels last this round: scored by the runner, not applied
-            relabeled = cand
-            if bool((cand & base).any()):
-                ctx.relabel(idx[cand & base], yhat[cand & base], apply=False)
+        # 2-3. relabels (Eq. 8), the base training set and PCS
+        base, use_pcs, relabeled = self._plan(cs, clean, conf, yhat, delta, noisy_client)
+        self._announce_relabels(ctx, idx, yhat, relabeled, base)
         train_y = y.clone()
         train_y[relabeled] = yhat[relabeled]
-
         # 4. local training on the selected samples
-        select, sizes = self._selector(model, view, cs, base, use_pcs, consistent, yhat, ctx), []
+        select, sizes = self._selector(model, view, cs, base, use_pcs, yhat, ctx), []
 
         def counted(epoch):
             pos = select(epoch)
             sizes.append(int(pos.numel()))
             return pos
         loss = self._local_train(model, view, train_y, counted, ctx.generator("train", k))
-        share = float(np.mean(sizes)) / view.size if sizes else 0.0  # mean share trained on per epoch
         if loss is None:  # nothing selected: the client sends the global model back (D15)
             loss = float(F.cross_entropy(logits_g, y))
-
-        # 5. post-training pass: cached de-biased labels and p̂ (cached PCS), local filter (Alg. 2)
-        logits_l = self._predict(model, view, ctx.generator("postpass", k))
-        if self.pcs_mode == "cached":
-            deb = debias(logits_l, cs["phat"], self.xi)
-            cs["cached"] = deb.argmax(1)
-            mask = deb.max(1).values > self.phat_conf_mask if self.phat_conf_mask is not None else None
-            cs["phat"] = update_phat(cs["phat"], logits_l.softmax(1), self.m, mask)
-        current = train_y if self.persistent_relabels else y  # the client's labels from now on
-        x_l = self._filter_input(sample_loss(logits_l, current, self.loss_on_softmax))
-        local = fit_filter(x_l, filt, self.em_max_iter, self.em_tol, self.reg_covar,
-                           int(ctx.rng("gmm", k).integers(2**31 - 1)))
-        local = sort_components(local) if self.align_components else local
+        # 5. post-training pass: cached de-biased labels and p̂, then the local filter (Alg. 2)
+        local = self._after_training(model, view, cs, filt, train_y if self.persistent_relabels else y, ctx)
         cs["count"] += 1
+        share = float(np.mean(sizes)) / view.size if sizes else 0.0  # mean share trained on per epoch
         state["pending"][k] = {"delta": delta, "noisy": noisy_client, "idx": idx, "flagged": ~clean,
                                "share": share}
         payload = {}
@@ -448,6 +406,56 @@ class FedDiv:
             payload = {"filter": {key: v.copy() for key, v in local.items()}}
         return ClientUpdate(k, engine.get_weights(model), view.size, payload=payload,
                             metrics={"delta_hat": delta, "train_share": share}, train_loss=loss)
+
+    def _split(self, state, cs, loss, ctx, k):
+        """(filter used, clean mask, δ̂_k): clean iff the clean-component posterior passes 0.5."""
+        x = self._filter_input(loss)
+        filt = self._client_filter(state, cs, x, ctx, k)
+        clean = passes(clean_posterior(x, filt), self.posterior_threshold, self.strict)
+        return filt, torch.as_tensor(clean, device=loss.device), 1.0 - float(clean.mean())
+
+    def _plan(self, cs, clean, conf, yhat, delta, noisy_client):
+        """(base training mask, whether PCS filters it, relabelled mask). Clean clients train on
+        everything; noisy ones on clean ∪ relabel candidates, PCS on top (curriculum: D10)."""
+        none = torch.zeros_like(clean)
+        if not noisy_client:
+            return torch.ones_like(clean), False, none
+        cand = relabel_candidates(~clean, conf, self.zeta, self.strict) if self.relabel else none
+        if self.curriculum and cs["count"] < self.curriculum_participations:
+            base, use_pcs = clean, False  # the first participations: GMM-clean samples only
+        else:
+            with_relabels = not (self.curriculum and delta <= self.curriculum_min_noise)
+            base, use_pcs = clean | (cand if with_relabels else none), self.pcs
+        if "cached" not in cs:  # D9: the cached de-biased labels start as the global prediction
+            cs["cached"] = yhat.clone()
+        if self.persistent_relabels and self.pcs and self.pcs_mode == "cached":
+            cand = cand & pcs_keep(yhat, cs["cached"])  # D11: the PCS-consistent ones are written
+        return base, use_pcs, cand
+
+    def _announce_relabels(self, ctx, idx, yhat, relabeled, base):
+        """Persistent relabels are applied by the runner (D11, even those unused this round); per-round
+        ones (paper) are only scored, those that enter this round's training set."""
+        if self.persistent_relabels:
+            if bool(relabeled.any()):
+                ctx.relabel(idx[relabeled], yhat[relabeled])
+        elif bool((used := relabeled & base).any()):
+            ctx.relabel(idx[used], yhat[used], apply=False)
+
+    def _after_training(self, model, view, cs, filt, labels, ctx) -> dict:
+        """Post-training pass of the local model: with cached PCS, its de-biased labels and the p̂
+        update (Eq. 12; D12 mask); then the local filter, warm-started from ``filt`` (Alg. 2)."""
+        logits = self._predict(model, view, ctx.generator("postpass", view.id))
+        if self.pcs_mode == "cached":
+            deb = debias(logits, cs["phat"], self.xi)
+            cs["cached"] = deb.argmax(1)
+            cs["phat"] = update_phat(cs["phat"], logits.softmax(1), self.m, self._phat_mask(deb))
+        x = self._filter_input(sample_loss(logits, labels, self.loss_on_softmax))
+        local = fit_filter(x, filt, self.em_max_iter, self.em_tol, self.reg_covar,
+                           int(ctx.rng("gmm", view.id).integers(2**31 - 1)))
+        return sort_components(local) if self.align_components else local
+
+    def _phat_mask(self, deb):
+        return deb.max(1).values > self.phat_conf_mask if self.phat_conf_mask is not None else None
 
     def _client_filter(self, state, cs, x, ctx, k) -> dict:
         """The filter a client applies: the global one, or (``local_filter``) its own, fitted from
@@ -460,21 +468,18 @@ class FedDiv:
             cs["filter"] = sort_components(f) if self.align_components else f
         return cs["filter"]
 
-    def _selector(self, model, view, cs, base, use_pcs, consistent, yhat, ctx):
-        """epoch -> positions to train on. PCS per epoch de-biases the predictions of the model being
-        trained and updates p̂_k with them (Alg. 1 l. 15–16, Eq. 12); cached PCS uses ``consistent``."""
-        if not use_pcs:
-            fixed = base.nonzero().squeeze(1)
-            return lambda epoch: fixed
-        if self.pcs_mode == "cached":
-            fixed = (base & consistent).nonzero().squeeze(1)
+    def _selector(self, model, view, cs, base, use_pcs, yhat, ctx):
+        """epoch -> positions to train on. Cached PCS keeps samples whose global prediction equals
+        the cached de-biased label; PCS per epoch de-biases the predictions of the model being
+        trained and updates p̂_k with them (Alg. 1 l. 15–16, Eq. 12)."""
+        if not use_pcs or self.pcs_mode == "cached":
+            fixed = (base & pcs_keep(yhat, cs["cached"]) if use_pcs else base).nonzero().squeeze(1)
             return lambda epoch: fixed
 
         def per_epoch(epoch):
             logits = self._predict(model, view, ctx.generator("pcs", view.id, epoch))
             deb = debias(logits, cs["phat"], self.xi)
-            mask = deb.max(1).values > self.phat_conf_mask if self.phat_conf_mask is not None else None
-            cs["phat"] = update_phat(cs["phat"], logits.softmax(1), self.m, mask)
+            cs["phat"] = update_phat(cs["phat"], logits.softmax(1), self.m, self._phat_mask(deb))
             return (base & pcs_keep(yhat, deb.argmax(1))).nonzero().squeeze(1)
         return per_epoch
 
