@@ -100,8 +100,8 @@ def test_median_method_aggregates_with_the_median():
     m = Median(rounds=1, frac=1.0, local_epochs=1, batch_size=2, lr=0.1, momentum=0.0,
                weight_decay=0.0, augment=False)
     state = m.init(Tiny(), info, ctx(0))
-    ups = [ClientUpdate(k, {"head.weight": torch.full((2, 1), float(k)), "head.bias": torch.tensor([k, -k], dtype=torch.float)}, 2)
-           for k in (0, 5, 1)]
+    ups = [ClientUpdate(k, {"head.weight": torch.full((2, 1), float(k)),
+                            "head.bias": torch.tensor([k, -k], dtype=torch.float)}, 2) for k in (0, 5, 1)]
     state, _ = m.aggregate(state, ups, ctx(0))
     assert torch.equal(state["global"]["head.weight"], torch.ones(2, 1))
     assert torch.equal(state["global"]["head.bias"], torch.tensor([1.0, -1.0]))
@@ -157,7 +157,8 @@ def test_arfl_drops_non_finite_models():
 
 
 def test_arfl_rejects_bad_hyperparameters():
-    kw = dict(rounds=1, frac=0.5, local_epochs=1, batch_size=2, lr=0.1, momentum=0.0, weight_decay=0.0, augment=False)
+    kw = dict(rounds=1, frac=0.5, local_epochs=1, batch_size=2, lr=0.1, momentum=0.0, weight_decay=0.0,
+              augment=False)
     with pytest.raises(ValueError, match="method.lam"):
         ARFL(**kw, lam=0.0, delta=0.1)
     with pytest.raises(ValueError, match="method.delta"):

@@ -131,7 +131,10 @@ class Runner:
             if isinstance(cause, ValueError):
                 raise ConfigError(str(cause).splitlines()[0]) from err
             raise
-        self.total = int(self.method.total_rounds(self.info))
+        try:
+            self.total = int(self.method.total_rounds(self.info))
+        except ValueError as err:  # a hyperparameter check that needs the federation (e.g. PoC's d >= m)
+            raise ConfigError(str(err).splitlines()[0]) from err
 
     def view(self, k: int) -> ClientView:
         idx = torch.arange(self.labels.numel(), device=self.device) if k == ALL_CLIENTS else self.client_idx[k]

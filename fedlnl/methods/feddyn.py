@@ -62,7 +62,8 @@ class FedDyn:
         self.local_epochs, self.batch_size = local_epochs, batch_size
         self.lr, self.lr_decay, self.momentum, self.weight_decay = lr, lr_decay, momentum, weight_decay
         self.augment, self.alpha, self.adaptive_alpha = augment, alpha, adaptive_alpha
-        self.max_grad_norm, self.bernoulli_sampling, self.eval_cloud = max_grad_norm, bernoulli_sampling, eval_cloud
+        self.max_grad_norm, self.bernoulli_sampling = max_grad_norm, bernoulli_sampling
+        self.eval_cloud = eval_cloud
 
     def total_rounds(self, info):
         return self.rounds
@@ -103,7 +104,8 @@ class FedDyn:
         # linear coefficient of the local objective: h_k − θ^{t−1} (official scaling)
         lin = [(h_k[n].to(dev) if h_k is not None else 0.0) - state["cloud"][n] for n in names]
         a_k = self.alpha_k(state, client.id)
-        loss = self.local_solve(model, client, lin, a_k, self.lr_at(state, ctx), ctx.generator("train", client.id))
+        loss = self.local_solve(model, client, lin, a_k, self.lr_at(state, ctx),
+                                ctx.generator("train", client.id))
         new = engine.get_weights(model)
         drift = {n: (new[n] - state["cloud"][n]).cpu() for n in names}
         if h_k is None:

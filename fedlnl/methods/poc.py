@@ -60,14 +60,20 @@ class PoC:
         self.lr, self.momentum, self.weight_decay, self.augment = lr, momentum, weight_decay, augment
         self.d, self.weighted, self.fixed_candidates = d, weighted, fixed_candidates
 
+    def check_pool(self, num_clients: int) -> None:
+        m = max(int(self.frac * num_clients), 1)
+        if min(self.d, num_clients) < m:
+            raise ValueError(f"method.d={self.d} is invalid: allowed d >= m = {m} clients per round")
+
     def total_rounds(self, info):
+        self.check_pool(info.num_clients)  # before training (the runner reports it as a config error)
         return self.rounds
 
     def init(self, model, info, ctx):
-        m = max(int(self.frac * info.num_clients), 1)
-        if min(self.d, info.num_clients) < m:
-            raise ValueError(f"method.d={self.d} is invalid: allowed d >= m = {m} clients per round")
-        pool = candidate_pool(info.client_sizes, self.d, ctx.rng("poc_pool")) if self.fixed_candidates else None
+        self.check_pool(info.num_clients)  # also as a stage-3 delegate, whose total_rounds is not asked
+        pool = None
+        if self.fixed_candidates:  # drawn once, reused every round
+            pool = candidate_pool(info.client_sizes, self.d, ctx.rng("poc_pool"))
         return {"model": model, "global": engine.get_weights(model), "pool": pool, "evals": 0}
 
     def sample_clients(self, state, ctx):

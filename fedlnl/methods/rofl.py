@@ -41,7 +41,12 @@ Implementation notes
 
 Fidelity switches (paper = RoFL as described; reference = the jangsoohyuk code FedCorr used)
 - ``detach_cen``: false = the centroid loss L_cen back-propagates into the features (paper); true =
-  features detached before L_cen, so the term has no gradient (a no-op, R1).
+  features detached before L_cen, so the term has no gradient (a no-op, R1) — its value still enters
+  the logged ``train_loss``, as in the reference. With gradients, the code's λ_cen = 1 on a *sum*
+  over the batch pulls every feature towards centroids that start as near-identical class means of
+  an untrained network and can collapse training (digits, 20 clients, 20 rounds, (ρ, τ) = (0.6, 0.5):
+  best accuracy 0.15 with T_pl = 5 and 0.66 with T_pl = 100, against 0.85 with the reference
+  switches and 0.89 for FedAvg), so FedCorr's published RoFL numbers presumably reflect the reference behaviour.
 - ``weighted_avg``: true = n_k-weighted FedAvg (paper); false = unweighted mean (R2).
 - ``weight_decay``: FedCorr's setup (``fl.weight_decay`` = 0) vs the code's 1e-4 (unknown which held).
 - ``pl_augment``: false = the pseudo-label / centroid-initialisation pass sees un-augmented images;
