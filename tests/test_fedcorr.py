@@ -50,11 +50,12 @@ def test_total_rounds_of_the_configured_method():
     from fedlnl.methods.protocol import FederationInfo
 
     info = lambda n: FederationInfo(n, 10, (10,) * n, (1, 8, 8), 0)  # noqa: E731
-    assert make().total_rounds(info(100)) == 500 + 500 + 450
+    assert make("dataset=cifar10").total_rounds(info(100)) == 500 + 500 + 450
     assert make("dataset=cifar100").total_rounds(info(50)) == 500 + 450 + 450
     m = make("dataset=cifar100")
     assert (m.lr, m.T1) == (0.01, 10)
-    assert make("method.fine_tuning=false", "method.usual_training=false").total_rounds(info(100)) == 500
+    assert make().total_rounds(info(20)) == 20 * 2 + 11 + 11  # digits: the quickstart budget
+    assert make("dataset=cifar10", "method.fine_tuning=false", "method.usual_training=false").total_rounds(info(100)) == 500
 
 
 def test_stage1_plans_cover_clients():

@@ -46,7 +46,6 @@ import math
 import torch
 
 from fedlnl.methods import engine
-from fedlnl.methods.protocol import ClientUpdate
 
 #: the reference's constant in the scale of residuals: 1.4826 (1 + 5/(n−1)) · MAD-like statistic
 _MAD_CONSISTENCY = 1.4826
@@ -164,15 +163,9 @@ class ARFL:
         return engine.uniform_clients(ctx.num_clients, self.frac, ctx.rng("sample"))
 
     def client_update(self, state, client, ctx):
-        model = state["model"]
-        engine.set_weights(model, state["global"])
-        loss = engine.local_train(
-            model, client.data, client.indices, client.labels,
-            epochs=self.local_epochs, batch_size=self.batch_size, lr=self.lr,
-            momentum=self.momentum, weight_decay=self.weight_decay, augment=self.augment,
-            gen=ctx.generator("train", client.id),
-        )
-        return ClientUpdate(client.id, engine.get_weights(model), client.size, train_loss=loss)
+        return engine.train_from_global(
+            state, client, ctx, epochs=self.local_epochs, batch_size=self.batch_size, lr=self.lr,
+            momentum=self.momentum, weight_decay=self.weight_decay, augment=self.augment)
 
     def aggregate(self, state, updates, ctx):
         state["global"], coef = irls_aggregate([u.weights for u in updates], self.lam, self.delta)

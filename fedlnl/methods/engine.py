@@ -15,6 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fedlnl.methods.protocol import ClientUpdate
+
 
 # --------------------------------------------------------------------------------------- data
 @dataclass
@@ -170,6 +172,19 @@ def local_train(
             total += float(loss.detach())
             count += 1
     return total / max(count, 1)
+
+
+def train_from_global(state: dict, client, ctx, *, epochs: int, batch_size: int, lr: float,
+                      momentum: float, weight_decay: float, augment: bool, loss_fn: LossFn = ce_loss):
+    """The usual FedAvg-style client step: load the global weights into the one working model
+    (``state["model"]``, ``state["global"]``), run ``local_train`` with the client's seeded
+    generator, and return the trained weights as a ``ClientUpdate``."""
+    model = state["model"]
+    set_weights(model, state["global"])
+    loss = local_train(model, client.data, client.indices, client.labels, epochs=epochs,
+                       batch_size=batch_size, lr=lr, momentum=momentum, weight_decay=weight_decay,
+                       augment=augment, gen=ctx.generator("train", client.id), loss_fn=loss_fn)
+    return ClientUpdate(client.id, get_weights(model), client.size, train_loss=loss)
 
 
 # ------------------------------------------------------------------------------- inference

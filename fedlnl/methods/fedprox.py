@@ -14,7 +14,6 @@ from __future__ import annotations
 import torch.nn.functional as F
 
 from fedlnl.methods import engine
-from fedlnl.methods.protocol import ClientUpdate
 
 
 class FedProx:
@@ -37,9 +36,8 @@ class FedProx:
         return engine.uniform_clients(ctx.num_clients, self.frac, ctx.rng("sample"))
 
     def client_update(self, state, client, ctx):
-        model = state["model"]
-        engine.set_weights(model, state["global"])
-        anchor = engine.param_anchor(model)
+        # w_g: the global parameters received this round (state["global"] is not modified in place)
+        anchor = [state["global"][name] for name, _ in state["model"].named_parameters()]
 
         def loss_fn(model, xb, yb, step, gen):
             loss = F.cross_entropy(model(xb), yb)
@@ -47,13 +45,9 @@ class FedProx:
                 loss = loss + self.mu * engine.prox_penalty(model, anchor, self.prox_form)
             return loss
 
-        loss = engine.local_train(
-            model, client.data, client.indices, client.labels,
-            epochs=self.local_epochs, batch_size=self.batch_size, lr=self.lr,
-            momentum=self.momentum, weight_decay=self.weight_decay, augment=self.augment,
-            gen=ctx.generator("train", client.id), loss_fn=loss_fn,
-        )
-        return ClientUpdate(client.id, engine.get_weights(model), client.size, train_loss=loss)
+        return engine.train_from_global(
+            state, client, ctx, epochs=self.local_epochs, batch_size=self.batch_size, lr=self.lr,
+            momentum=self.momentum, weight_decay=self.weight_decay, augment=self.augment, loss_fn=loss_fn)
 
     def aggregate(self, state, updates, ctx):
         state["global"] = engine.weighted_average(

@@ -21,7 +21,6 @@ Implementation notes
 from __future__ import annotations
 
 from fedlnl.methods import engine
-from fedlnl.methods.protocol import ClientUpdate
 
 
 class Median:
@@ -40,15 +39,9 @@ class Median:
         return engine.uniform_clients(ctx.num_clients, self.frac, ctx.rng("sample"))
 
     def client_update(self, state, client, ctx):
-        model = state["model"]
-        engine.set_weights(model, state["global"])
-        loss = engine.local_train(
-            model, client.data, client.indices, client.labels,
-            epochs=self.local_epochs, batch_size=self.batch_size, lr=self.lr,
-            momentum=self.momentum, weight_decay=self.weight_decay, augment=self.augment,
-            gen=ctx.generator("train", client.id),
-        )
-        return ClientUpdate(client.id, engine.get_weights(model), client.size, train_loss=loss)
+        return engine.train_from_global(
+            state, client, ctx, epochs=self.local_epochs, batch_size=self.batch_size, lr=self.lr,
+            momentum=self.momentum, weight_decay=self.weight_decay, augment=self.augment)
 
     def aggregate(self, state, updates, ctx):
         state["global"] = engine.coordinate_median([u.weights for u in updates])

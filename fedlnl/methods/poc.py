@@ -33,7 +33,6 @@ from __future__ import annotations
 import numpy as np
 
 from fedlnl.methods import engine
-from fedlnl.methods.protocol import ClientUpdate
 
 
 def candidate_pool(sizes, d: int, rng: np.random.Generator) -> list[int]:
@@ -91,15 +90,9 @@ class PoC:
         return float(engine.per_sample_loss(logits, view.labels).mean())
 
     def client_update(self, state, client, ctx):
-        model = state["model"]
-        engine.set_weights(model, state["global"])
-        loss = engine.local_train(
-            model, client.data, client.indices, client.labels,
-            epochs=self.local_epochs, batch_size=self.batch_size, lr=self.lr,
-            momentum=self.momentum, weight_decay=self.weight_decay, augment=self.augment,
-            gen=ctx.generator("train", client.id),
-        )
-        return ClientUpdate(client.id, engine.get_weights(model), client.size, train_loss=loss)
+        return engine.train_from_global(
+            state, client, ctx, epochs=self.local_epochs, batch_size=self.batch_size, lr=self.lr,
+            momentum=self.momentum, weight_decay=self.weight_decay, augment=self.augment)
 
     def aggregate(self, state, updates, ctx):
         counts = [u.num_samples if self.weighted else 1.0 for u in updates]
