@@ -78,6 +78,13 @@ def git_commit() -> str | None:
         return None
 
 
+def model_name(cfg: DictConfig) -> str:
+    """The model's config-group choice under Hydra, else the class named by its ``_target_``."""
+    if HydraConfig.initialized():
+        return HydraConfig.get().runtime.choices.get("model")
+    return str(cfg.model._target_).rsplit(".", 1)[-1].lower()
+
+
 def setting_of(cfg: DictConfig) -> dict:
     """The keys a report groups by (noise and partition settings)."""
     part = cfg.partition
@@ -258,7 +265,7 @@ class Runner:
     def finish(self, status: str, sinks: Sinks) -> dict:
         summary = {
             "status": status, "method": self.method_name, "dataset": str(self.cfg.dataset.name),
-            "model": HydraConfig.get().runtime.choices.get("model") if HydraConfig.initialized() else None,
+            "model": model_name(self.cfg),
             "seed": int(self.cfg.seed), "variant": self.cfg.get("variant"), "preset": self.cfg.get("preset"),
             **accuracy_summary(self.rows),
             "comm_cost": self.comm, "cost_to_target": cost_to_target(self.rows, list(self.cfg.targets)),
@@ -319,7 +326,11 @@ def _hydra_main(cfg: DictConfig) -> float | None:
     hc = HydraConfig.get()
     group = Path(hc.sweep.dir).name if hc.mode.name == "MULTIRUN" else "single"
     try:
-        summary = run(cfg, Path(hc.runtime.output_dir), hc.runtime.choices.method, group=f"{cfg.name}/{group}")
+        method = hc.runtime.choices.method
+        stage3 = hc.runtime.choices.get("method@method.stage3")
+        if stage3 and not method.endswith(f"_{stage3}"):  # `+method@method.stage3=X` on the command line
+            method = f"{method}_{stage3}"
+        summary = run(cfg, Path(hc.runtime.output_dir), method, group=f"{cfg.name}/{group}")
     except ConfigError as err:
         _remove_if_only_hydra_files(Path(hc.runtime.output_dir))
         print(f"fedlnl-run: error: {err}", file=sys.stderr)
