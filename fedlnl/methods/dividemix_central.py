@@ -111,7 +111,7 @@ class DivideMixCentral:
         labels = client.labels
         losses = []
         for net, opt in zip(nets, opts):
-            losses += semisup.epoch_loop(net, opt, client.data, client.indices, batch_size=self.warmup_batch_size,
+            losses += engine.epoch_loop(net, opt, client.data, client.indices, batch_size=self.warmup_batch_size,
                                      gen=gen, augment=self.augment,
                                      loss_fn=lambda m, xb, pos: F.cross_entropy(m(xb), labels[pos]))
         return losses

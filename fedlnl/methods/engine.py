@@ -7,6 +7,7 @@ per-client deep copy of the network is made.
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -172,6 +173,29 @@ def local_train(
             total += float(loss.detach())
             count += 1
     return total / max(count, 1)
+
+
+#: loss_fn(model, xb, pos) -> loss; ``pos`` are positions within the index array being trained on
+PosLossFn = Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def epoch_loop(model: nn.Module, opt: torch.optim.Optimizer, data: TensorData, idx: torch.Tensor,
+               *, batch_size: int, gen: torch.Generator, augment: bool, loss_fn: PosLossFn) -> list[float]:
+    """One shuffled pass over ``idx`` with an optimiser that lives longer than the pass (momentum
+    kept across epochs, as the reference codes do within a run). Returns the batch losses; stops at
+    the first non-finite one and returns it last (the caller reports nan)."""
+    model.train()
+    losses = []
+    for pos in batches(idx.numel(), batch_size, gen):
+        pos = pos.to(idx.device)
+        loss = loss_fn(model, data.images(idx[pos], augment=augment, gen=gen), pos)
+        losses.append(float(loss.detach()))
+        if not math.isfinite(losses[-1]):
+            return losses
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+    return losses
 
 
 def train_from_global(state: dict, client, ctx, *, epochs: int, batch_size: int, lr: float,

@@ -515,18 +515,13 @@ class FedDiv:
             pos = select(epoch)
             if pos.numel() == 0 or (self.skip_small_subsets and pos.numel() <= self.batch_size):
                 continue
-            sub_idx, sub_y = view.indices[pos], labels[pos]
-            for b in engine.batches(pos.numel(), self.batch_size, gen):
-                b = b.to(sub_idx.device)
-                xb = view.data.images(sub_idx[b], augment=self.augment, gen=gen)
-                loss = self._batch_loss(model, xb, sub_y[b], gen)
-                if not torch.isfinite(loss):
-                    return float("nan")
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                opt.step()
-                total += float(loss.detach())
-                count += 1
+            sub_y = labels[pos]
+            losses = engine.epoch_loop(
+                model, opt, view.data, view.indices[pos], batch_size=self.batch_size, gen=gen,
+                augment=self.augment, loss_fn=lambda m, xb, b: self._batch_loss(m, xb, sub_y[b], gen))
+            if losses and not math.isfinite(losses[-1]):
+                return float("nan")
+            total, count = total + sum(losses), count + len(losses)
         return total / count if count else None
 
     def _report(self, state, ctx) -> dict:

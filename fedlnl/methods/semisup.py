@@ -15,7 +15,7 @@ DivideMix (Li et al., ICLR 2020, §3.2-3.3):
 - ``dividemix_epoch``: one pass over the labeled set of one network, co-guessing with its peer.
 - ``Ensemble``: the two-network test model.
 
-Shared: ``epoch_loop`` (one pass over samples with a persistent optimiser and a position-aware loss),
+Shared: ``engine.epoch_loop`` (one pass over samples with a persistent optimiser and a position-aware loss),
 ``noise_group`` (FedCorr's low/high noise groups for per-group hyperparameters), ``fresh_copy`` (an
 independently initialised twin network), ``report_flags`` (the cumulative noisy-sample decisions).
 """
@@ -65,27 +65,6 @@ def noise_group(rho: float, tau: float, high_from: float) -> str:
 
 
 # ------------------------------------------------------------------------------------ loops
-#: loss_fn(model, xb, pos) -> loss; ``pos`` are positions within the client's index array
-PosLossFn = Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor]
-
-
-def epoch_loop(model: nn.Module, opt: torch.optim.Optimizer, data: engine.TensorData, idx: torch.Tensor,
-               *, batch_size: int, gen: torch.Generator, augment: bool, loss_fn: PosLossFn) -> list[float]:
-    """One shuffled pass over ``idx`` with an optimiser that lives longer than the pass (momentum
-    kept across epochs, as the reference codes do within a run). Returns the batch losses; stops at
-    the first non-finite one and returns it last (the caller reports nan)."""
-    model.train()
-    losses = []
-    for pos in engine.batches(idx.numel(), batch_size, gen):
-        pos = pos.to(idx.device)
-        loss = loss_fn(model, data.images(idx[pos], augment=augment, gen=gen), pos)
-        losses.append(float(loss.detach()))
-        if not math.isfinite(losses[-1]):
-            return losses
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-    return losses
 
 
 def mean_or_nan(losses: list[float]) -> float:
@@ -183,7 +162,7 @@ def jointopt_epoch(model, opt, data, mem, *, alpha, beta, batch_size, gen, augme
             probs[pos] = s.detach()
         return l_c + alpha * l_p + beta * l_e
 
-    losses = epoch_loop(model, opt, data, idx, batch_size=batch_size, gen=gen, augment=augment, loss_fn=loss_fn)
+    losses = engine.epoch_loop(model, opt, data, idx, batch_size=batch_size, gen=gen, augment=augment, loss_fn=loss_fn)
     return losses, probs
 
 
