@@ -37,8 +37,8 @@ def write_json_atomic(path: Path, obj) -> None:
 
 
 class JsonlSink:
-    def __init__(self, path: Path, append: bool = False):
-        self.file = open(path, "a" if append else "w")
+    def __init__(self, path: Path):
+        self.file = open(path, "w")
 
     def log(self, row: dict) -> None:
         self.file.write(json.dumps(_clean(row)) + "\n")

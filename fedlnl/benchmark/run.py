@@ -196,7 +196,7 @@ class Runner:
             state, start = resumed
         else:
             state = self.method.init(self.model, self.info, self.context(0))
-        sinks = self.open_sinks(append=resumed is not None)
+        sinks = self.open_sinks()
         status = "complete"
         every = int(self.cfg.fl.eval_every)
         ck_every = int(self.cfg.checkpoint_every or 0)
@@ -248,11 +248,10 @@ class Runner:
         self.rows.append(row)
         return row
 
-    def open_sinks(self, append: bool) -> Sinks:
-        sinks = [JsonlSink(self.run_dir / "metrics.jsonl", append=False)]
-        if append:  # rewrite the rows up to the checkpoint, dropping any after it
-            for row in self.rows:
-                sinks[0].log(row)
+    def open_sinks(self) -> Sinks:
+        sinks = [JsonlSink(self.run_dir / "metrics.jsonl")]
+        for row in self.rows:  # after a resume: the rows up to the checkpoint, none after it
+            sinks[0].log(row)
         lg = self.cfg.logger
         if lg.kind == "wandb":
             s = setting_of(self.cfg)
