@@ -94,6 +94,7 @@ def setting_of(cfg: DictConfig) -> dict:
         "p": part.get("p") if part.get("kind") == "noniid" else None,
         "alpha": part.get("alpha") if part.get("kind") == "noniid" else None,
         "num_clients": cfg.fl.num_clients, "fidelity": cfg.fidelity,
+        "noise_fidelity": cfg.noise.get("fidelity"),
     }
 
 
