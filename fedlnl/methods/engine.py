@@ -130,6 +130,17 @@ def param_anchor(model: nn.Module) -> list[torch.Tensor]:
     return [p.detach().clone() for p in model.parameters()]
 
 
+def sgd_step(opt: torch.optim.Optimizer, loss: torch.Tensor) -> float:
+    """One optimiser step on ``loss``; returns its value, or the non-finite value without stepping
+    (the caller then reports divergence)."""
+    value = float(loss.detach())
+    if math.isfinite(value):
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+    return value
+
+
 LossFn = Callable[[nn.Module, torch.Tensor, torch.Tensor, int, torch.Generator], torch.Tensor]
 
 
@@ -164,13 +175,10 @@ def local_train(
         for step, pos in enumerate(batches(idx.numel(), batch_size, gen)):
             pos = pos.to(idx.device)
             xb = data.images(idx[pos], augment=augment, gen=gen)
-            loss = loss_fn(model, xb, labels[pos], step, gen)
-            if not torch.isfinite(loss):
+            value = sgd_step(opt, loss_fn(model, xb, labels[pos], step, gen))
+            if not math.isfinite(value):
                 return float("nan")
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            total += float(loss.detach())
+            total += value
             count += 1
     return total / max(count, 1)
 
@@ -188,13 +196,9 @@ def epoch_loop(model: nn.Module, opt: torch.optim.Optimizer, data: TensorData, i
     losses = []
     for pos in batches(idx.numel(), batch_size, gen):
         pos = pos.to(idx.device)
-        loss = loss_fn(model, data.images(idx[pos], augment=augment, gen=gen), pos)
-        losses.append(float(loss.detach()))
+        losses.append(sgd_step(opt, loss_fn(model, data.images(idx[pos], augment=augment, gen=gen), pos)))
         if not math.isfinite(losses[-1]):
             return losses
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
     return losses
 
 

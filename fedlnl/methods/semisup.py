@@ -279,12 +279,9 @@ def dividemix_epoch(net, peer, opt, data, idx, labels, w, *, p_threshold, T, alp
         mixed_t = lam * targets + (1.0 - lam) * targets[perm]
         ramp = linear_rampup(epochs_done + b / len(lab_batches), rampup_epochs)
         loss = mixmatch_loss(net(mixed_x), mixed_t, 2 * sel.numel(), lambda_u * ramp, prior)[0]
-        losses.append(float(loss.detach()))
+        losses.append(engine.sgd_step(opt, loss))
         if not math.isfinite(losses[-1]):
             return losses
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
     return losses
 
 
