@@ -252,11 +252,15 @@ def local_train(
     loss_fn: LossFn = ce_loss,
     weight_decay: float = 0.0,
     augment: bool = True,
+    opt_fn: Callable[..., torch.optim.Optimizer] | None = None,
 ) -> float:
     """Plain local SGD over one client's samples; returns the mean batch loss (nan if diverged).
 
     ``loss_fn(model, xb, yb, step, gen)`` gives the batch loss, so a method adds mixup, proximal or
     regularisation terms without rewriting the loop; ``step`` counts batches within the epoch.
+    ``opt_fn(model, lr, momentum, weight_decay)`` builds the optimiser (default ``sgd``): a method
+    wraps the SGD step (gradient clipping, sharpness-aware steps: ``common/optimizers.py``) without
+    rewriting the loop either.
     """
     model.train()
     fmt = memory_format(model, data.device)
@@ -267,7 +271,7 @@ def local_train(
                 xb = data.images(idx[pos], augment=augment, gen=gen, memory_format=fmt)
                 yield loss_fn(model, xb, labels[pos], step, gen)
 
-    values = train_steps(model, sgd(model, lr, momentum, weight_decay), gen, losses)
+    values = train_steps(model, (opt_fn or sgd)(model, lr, momentum, weight_decay), gen, losses)
     if values and not math.isfinite(values[-1]):
         return float("nan")
     total = 0.0
@@ -296,7 +300,8 @@ def epoch_loop(model: nn.Module, opt: torch.optim.Optimizer, data: TensorData, i
 
 
 def train_from_global(state: dict, client, ctx, *, epochs: int, batch_size: int, lr: float,
-                      momentum: float, weight_decay: float, augment: bool, loss_fn: LossFn = ce_loss):
+                      momentum: float, weight_decay: float, augment: bool, loss_fn: LossFn = ce_loss,
+                      opt_fn: Callable[..., torch.optim.Optimizer] | None = None):
     """The usual FedAvg-style client step: load the global weights into the one working model
     (``state["model"]``, ``state["global"]``), run ``local_train`` with the client's seeded
     generator, and return the trained weights as a ``ClientUpdate``."""
@@ -304,7 +309,8 @@ def train_from_global(state: dict, client, ctx, *, epochs: int, batch_size: int,
     set_weights(model, state["global"])
     loss = local_train(model, client.data, client.indices, client.labels, epochs=epochs,
                        batch_size=batch_size, lr=lr, momentum=momentum, weight_decay=weight_decay,
-                       augment=augment, gen=ctx.generator("train", client.id), loss_fn=loss_fn)
+                       augment=augment, gen=ctx.generator("train", client.id), loss_fn=loss_fn,
+                       opt_fn=opt_fn)
     return ClientUpdate(client.id, get_weights(model), client.size, train_loss=loss)
 
 
