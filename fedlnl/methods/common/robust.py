@@ -114,7 +114,8 @@ def round_f(f, share, n: int, f_max) -> int:
 
 def byzantine_count(share: float, n: int) -> int:
     """f = ⌊share · n⌋ of the n clients of a round (FNBench: ``int(len(w_locals) * compromised_rate)``);
-    1e-9 absorbs binary rounding (0.3 · 10 = 3.0000000000000004, 0.29 · 100 = 28.999999999999996)."""
+    1e-9 absorbs binary rounding (0.3 · 10 = 3.0000000000000004; 0.29 · 100 = 28.999999999999996,
+    where FNBench's ``int`` gives 28 and this 29)."""
     return int(math.floor(share * n + 1e-9))
 
 
