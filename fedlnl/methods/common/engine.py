@@ -258,12 +258,16 @@ def local_train(
     gen: torch.Generator,
     loss_fn: LossFn = ce_loss,
     augment: bool = True,
+    opt_fn: Callable[..., torch.optim.Optimizer] | None = None,
 ) -> float:
     """Local training over one client's samples with a fresh ``optim`` optimiser (``FLSettings.optim``);
     returns the mean batch loss (nan if diverged).
 
     ``loss_fn(model, xb, yb, step, gen)`` gives the batch loss, so a method adds mixup, proximal or
     regularisation terms without rewriting the loop; ``step`` counts batches within the epoch.
+    ``opt_fn(model, optim)`` builds the optimiser (default ``optimizer``): a method wraps the
+    optimiser's step (gradient clipping, sharpness-aware steps: ``common/optimizers.py``) without
+    rewriting the loop either.
     """
     model.train()
     fmt = memory_format(model, data.device)
@@ -274,7 +278,7 @@ def local_train(
                 xb = data.images(idx[pos], augment=augment, gen=gen, memory_format=fmt)
                 yield loss_fn(model, xb, labels[pos], step, gen)
 
-    values = train_steps(model, optimizer(model, optim), gen, losses)
+    values = train_steps(model, (opt_fn or optimizer)(model, optim), gen, losses)
     if values and not math.isfinite(values[-1]):
         return float("nan")
     total = 0.0
@@ -303,7 +307,8 @@ def epoch_loop(model: nn.Module, opt: torch.optim.Optimizer, data: TensorData, i
 
 
 def train_from_global(state: dict, client, ctx, *, epochs: int, batch_size: int, optim: Optim,
-                      augment: bool, loss_fn: LossFn = ce_loss):
+                      augment: bool, loss_fn: LossFn = ce_loss,
+                      opt_fn: Callable[..., torch.optim.Optimizer] | None = None):
     """The usual FedAvg-style client step: load the global weights into the one working model
     (``state["model"]``, ``state["global"]``), run ``local_train`` with the client's seeded
     generator, and return the trained weights as a ``ClientUpdate``."""
@@ -311,7 +316,7 @@ def train_from_global(state: dict, client, ctx, *, epochs: int, batch_size: int,
     set_weights(model, state["global"])
     loss = local_train(model, client.data, client.indices, client.labels, epochs=epochs,
                        batch_size=batch_size, optim=optim, augment=augment,
-                       gen=ctx.generator("train", client.id), loss_fn=loss_fn)
+                       gen=ctx.generator("train", client.id), loss_fn=loss_fn, opt_fn=opt_fn)
     return ClientUpdate(client.id, get_weights(model), client.size, train_loss=loss)
 
 

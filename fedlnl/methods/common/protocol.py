@@ -112,6 +112,10 @@ class FederationInfo:
     #: settings, or a real label set's published rate; never measured on labels), for methods
     #: that take it as a known hyperparameter; None when unknown
     noise_rate: float | None = None
+    #: the share of clients the noise configuration makes noisy (rho, a mixed config's noisy groups,
+    #: 1 for real label noise; never counted on labels), for methods that assume a known share of
+    #: Byzantine clients (Krum, trimmed mean); None when unknown
+    noisy_client_share: float | None = None
 
 
 @dataclass
