@@ -99,27 +99,14 @@ import torch
 import torch.nn.functional as F
 
 from fedlnl.methods.common import checks, engine
+from fedlnl.methods.common.noisyclients import (  # noqa: F401  (the shared pieces, re-exported)
+    DISTANCES, GMM_SEEDS, adjustment, daagg_weights, detect_noisy_clients, gmm_noisy, gmm_seed_list, la_loss,
+    model_distance, normalise_columns, per_class_losses, two_stage_aggregate)
 
-DISTANCES = ("l2", "sum_of_norms")
 KD_STUDENTS = ("plain", "adjusted")
-GMM_SEEDS = ("fixed", "run")
 
 
 # ----------------------------------------------------------------------------------- losses
-def adjustment(labels: torch.Tensor, num_classes: int, tau: float) -> torch.Tensor:
-    """τ·log π_k of a client's observed labels (−∞ for a class it lacks; zeros for τ = 0)."""
-    counts = torch.bincount(labels, minlength=num_classes).float()
-    if tau == 0:
-        return torch.zeros_like(counts)
-    return tau * torch.log(counts / counts.sum())
-
-
-def la_loss(logits, labels, adj):
-    """Logit-adjusted cross-entropy (Menon et al. 2021; FedNoRo stage 1, methods.md §18.1):
-    CE(f(x) + τ·log π, y), ``adj`` = τ·log π (the code's ``LogitAdjust``)."""
-    return F.cross_entropy(logits + adj, labels)
-
-
 def kd_loss(logits, teacher_logits, temperature: float, adj=None):
     """L_KD = KL(softmax(teacher/T) ‖ p_student), batch mean (FedNoRo stage 2, methods.md §18.3). With
     ``adj`` the student is the logit-adjusted log-softmax with −∞ entries replaced by 0 (the code's
@@ -148,90 +135,6 @@ def rampup_weight(rnd: int, begin: int, length: int, a: float) -> float:
         return float(a)
     s = min(max((rnd - begin) / length, 0.0), 1.0)
     return float(a * math.exp(-5.0 * (1.0 - s) ** 2))
-
-
-# ----------------------------------------------------------------------------------- detection
-def per_class_losses(losses: torch.Tensor, labels: torch.Tensor, num_classes: int) -> np.ndarray:
-    """l_k^c: mean loss of the samples observed as class c (nan where the client has none)."""
-    sums = torch.zeros(num_classes, dtype=torch.float64, device=losses.device)
-    sums.index_add_(0, labels, losses.double())
-    counts = torch.bincount(labels, minlength=num_classes).double()
-    out = (sums / counts.clamp_min(1)).cpu().numpy()
-    out[counts.cpu().numpy() == 0] = np.nan
-    return out
-
-
-def normalise_columns(metrics: np.ndarray) -> np.ndarray:
-    """Missing entries → the column's minimum over the other clients (the code's ``nanmin``), then
-    min-max per class over the clients (methods.md §18.2); an all-missing or constant column becomes 0."""
-    m = np.array(metrics, dtype=np.float64)
-    for j in range(m.shape[1]):
-        col = m[:, j]
-        present = ~np.isnan(col)
-        if not present.any():
-            m[:, j] = 0.0
-            continue
-        col[~present] = col[present].min()
-        span = col.max() - col.min()
-        m[:, j] = (col - col.min()) / span if span > 0 else 0.0
-    return m
-
-
-def gmm_noisy(matrix: np.ndarray, seeds: list[int]) -> tuple[np.ndarray, dict]:
-    """2-component GMM on the clients' loss vectors; noisy = the component with the larger sum of
-    means (methods.md §18.2). With several seeds each fit votes and the most frequent noisy set wins
-    (ties: the first seed's order, as the code). Returns (noisy mask, diagnostics)."""
-    from sklearn.mixture import GaussianMixture
-
-    n = matrix.shape[0]
-    if n < 2:
-        return np.zeros(n, dtype=bool), {"votes": []}
-    sets = []
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # identical rows: k-means finds fewer clusters; harmless
-        for seed in seeds:
-            gmm = GaussianMixture(n_components=2, random_state=int(seed)).fit(matrix)
-            noisy_comp = int(np.argmax(gmm.means_.sum(axis=1)))
-            sets.append(frozenset(np.flatnonzero(gmm.predict(matrix) == noisy_comp).tolist()))
-    counts = Counter(sets)
-    best = max(sets, key=lambda s: (counts[s], -sets.index(s)))
-    mask = np.zeros(n, dtype=bool)
-    mask[sorted(best)] = True
-    return mask, {"votes": [sorted(s) for s in sets]}
-
-
-def gmm_seed_list(votes: int, form: str, rng: np.random.Generator) -> list[int]:
-    """The random_state of each GMM fit: 0, 1, …, votes − 1 whatever the run seed (``fixed``, the
-    code's ``GaussianMixture(random_state=i)`` for i in range(9)), or drawn from the run's seeded
-    stream (``run``)."""
-    if form == "fixed":
-        return list(range(votes))
-    return rng.integers(2**31 - 1, size=votes).tolist()
-
-
-# ----------------------------------------------------------------------------------- DaAgg
-def model_distance(a: dict, b: dict, form: str) -> float:
-    """d(w_a, w_b) over the floating state-dict entries: ‖w_a − w_b‖₂ of the whole model (``l2``),
-    or Σ_entries ‖Δ_entry‖₂ (``sum_of_norms``, the code's ``model_dist``; methods.md §18.6 (1))."""
-    norms = torch.stack([(a[k].double() - b[k].double()).norm() for k in a if a[k].is_floating_point()])
-    return float(norms.norm() if form == "l2" else norms.sum())
-
-
-def daagg_weights(weights: list[dict], sizes, noisy, form: str) -> np.ndarray:
-    """DaAgg (FedNoRo stage 2, methods.md §18.4): n_k·e^{−D̂_k} normalised, D_k = min over the clean
-    models of d(w_k, w_j) for noisy k, 0 for clean k, D̂ = D / max D. FedAvg weights when there is no
-    clean or no noisy model, or every distance is 0 (methods.md §18.6 (6))."""
-    sizes = np.asarray(sizes, dtype=np.float64)
-    noisy = np.asarray(noisy, dtype=bool)
-    clean = np.flatnonzero(~noisy)
-    D = np.zeros(len(weights))
-    if len(clean):
-        for k in np.flatnonzero(noisy):
-            D[k] = min(model_distance(weights[k], weights[j], form) for j in clean)
-    if D.max() > 0:
-        D = D / D.max()
-    w = sizes * np.exp(-D)
-    return w / w.sum()
 
 
 # ----------------------------------------------------------------------------------- the method
@@ -301,20 +204,12 @@ class FedNoRo:
         return engine.train_from_global(state, client, ctx, loss_fn=loss_fn, **self.fl.training())
 
     def aggregate(self, state, updates, ctx):
-        weights, sizes = [u.weights for u in updates], [u.num_samples for u in updates]
-        if state["noisy"] is None:  # warm-up: FedAvg
-            state["global"] = engine.weighted_average(weights, sizes)
-            metrics = {"stage": "warmup"}
-            if ctx.round == self.warmup_rounds - 1:
-                state["noisy"] = self._detect(state, ctx)
-                metrics["noisy_clients"] = float(state["noisy"].sum())
-            return state, metrics
-        noisy = state["noisy"][[u.client for u in updates]]
-        coef = (daagg_weights(weights, sizes, noisy, self.distance) if self.daagg
-                else np.asarray(sizes, dtype=np.float64))
-        state["global"] = engine.weighted_average(weights, coef)
-        return state, {"stage": "training", "lambda": self._weight(ctx.round),
-                       "noisy_in_round": float(noisy.sum())}
+        stage2 = state["noisy"] is not None
+        metrics = two_stage_aggregate(state, updates, ctx, self.warmup_rounds, lambda: self._detect(state, ctx),
+                                      self.daagg, self.distance)
+        if stage2:
+            metrics = {"stage": "training", "lambda": self._weight(ctx.round), **metrics}
+        return state, metrics
 
     def eval_model(self, state):
         engine.set_weights(state["model"], state["global"])
@@ -323,21 +218,6 @@ class FedNoRo:
     # ------------------------------------------------------------------ detection
     def _detect(self, state, ctx) -> np.ndarray:
         """Per-class losses of the global model on every client → normalised → GMM (paper, stage 1)."""
-        model, C = state["model"], state["num_classes"]
-        engine.set_weights(model, state["global"])
-        rows = []
-        for k in range(ctx.num_clients):
-            view = ctx.views(k)
-            # the code's pass reads the training transform (methods.md §18.6 (4)); plain images otherwise
-            gen = ctx.generator("fednoro_detect", k) if self.detect_augment else None
-            logits = engine.predict(model, view.data, view.indices, self.fl.eval_batch_size,
-                                    augment=self.detect_augment, gen=gen)
-            rows.append(per_class_losses(engine.per_sample_loss(logits, view.labels), view.labels, C))
-        raw = np.stack(rows)
-        matrix = normalise_columns(raw)
-        seeds = gmm_seed_list(self.gmm_votes, self.gmm_seeds, ctx.rng("fednoro_gmm"))
-        noisy, info = gmm_noisy(matrix, seeds)
-        ctx.report_clients(is_noisy={k: bool(noisy[k]) for k in range(ctx.num_clients)})
-        ctx.record("detection", {"round": ctx.round + 1, "per_class_loss": np.where(np.isnan(raw), None, raw).tolist(),
-                                 "normalised": matrix.tolist(), "noisy": np.flatnonzero(noisy).tolist(), **info})
-        return noisy
+        return detect_noisy_clients(state["model"], state["global"], ctx, state["num_classes"],
+                                    self.fl.eval_batch_size, self.detect_augment, self.gmm_votes, self.gmm_seeds,
+                                    key="fednoro")
