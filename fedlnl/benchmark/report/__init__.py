@@ -72,7 +72,7 @@ realised noise per client). csv files are in long form, accuracies in %.
 from __future__ import annotations
 
 from fedlnl.benchmark.report.cells import resolve_key, with_columns
-from fedlnl.benchmark.report.cli import METRICS, main, parse_args, write_report
+from fedlnl.benchmark.report.cli import METRICS, main, parse_args, resolve_metric, write_report
 from fedlnl.benchmark.report.figures import FIGURE_MODES, curves, figure_runs, mean_curve, run_figures
 from fedlnl.benchmark.report.loading import load_summaries, read_metrics, row_label
 from fedlnl.benchmark.report.reference import (add_missing_cells, load_reference, matches, read_reference,
@@ -80,7 +80,7 @@ from fedlnl.benchmark.report.reference import (add_missing_cells, load_reference
 from fedlnl.benchmark.report.tables import (accuracy_grid, accuracy_table, comm_markdown, comm_table,
                                             to_latex, to_markdown)
 
-__all__ = ["FIGURE_MODES", "METRICS", "accuracy_grid", "accuracy_table", "add_missing_cells", "comm_markdown",
+__all__ = ["FIGURE_MODES", "METRICS", "resolve_metric", "accuracy_grid", "accuracy_table", "add_missing_cells", "comm_markdown",
            "comm_table", "curves", "figure_runs", "load_reference", "load_summaries", "main", "matches",
            "mean_curve", "parse_args", "read_metrics", "read_reference", "reference_paths", "reference_row",
            "resolve_key", "row_label", "run_figures", "run_identity", "to_latex", "to_markdown",
