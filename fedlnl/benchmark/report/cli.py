@@ -17,8 +17,9 @@ from fedlnl.benchmark.report.cells import NOT_RUN, _canon, _fmt, resolve_key, wi
 from fedlnl.benchmark.report.commands import run_commands
 from fedlnl.benchmark.report.figures import FIGURE_MODES, _write_figures
 from fedlnl.benchmark.report.loading import ReportInputError, load_summaries
-from fedlnl.benchmark.report.reference import (add_missing_cells, drop_empty_columns, load_reference, missing_cells,
-                                               missing_summary, reference_note, reference_paths)
+from fedlnl.benchmark.report.reference import (add_missing_cells, drop_empty_columns, load_reference, matches,
+                                               missing_cells, missing_summary, reference_note, reference_paths,
+                                               run_identity)
 from fedlnl.benchmark.report.tables import (accuracy_grid, accuracy_table, column_values, comm_latex,
                                             comm_markdown, comm_sections, comm_table, detection_grid,
                                             detection_table, effective_diffs, effective_warnings, incomplete_runs,
@@ -124,7 +125,7 @@ def write_report(frame: pd.DataFrame, out: Path, rows: str = "method", by: Seque
     rep.missing = missing_summary(full, rows, by) if not full_grid else []
     rep.notes = notes(full, frame, rows, by, metric, full_grid)
     _write_tables(rep, frame, out, rows, by, ratio_to, reference)
-    _write_statistics(rep, out, rows)
+    _write_statistics(rep, out, rows, draw=figures != "none")
     if figures != "none":
         _write_figures(frame, out, rows, by, figures, metric.curve)
     text = main_text(rep)
@@ -144,9 +145,10 @@ def main_text(rep: Report) -> str:
     if rep.missing:
         body += "\nCells of the reference grid without any run (all listed in notes.md; --full-grid shows them):\n"
         body += "\n".join(rep.missing) + "\n"
-    if rep.notes:
+    shown = [n for n in rep.notes if not (n.kind == "not run" and rep.missing)]
+    if shown:
         body += "\nNotes (one line per kind; the full lists are in notes.md):\n"
-        body += "\n".join(f"- {n.line}" for n in rep.notes) + "\n"
+        body += "\n".join(f"- {n.line}" for n in shown) + "\n"
     return body
 
 
@@ -230,7 +232,7 @@ def agreement_text(ag: dict) -> str:
             f"{pooled['discordant']} reversed). agreement.csv has every cell.")
 
 
-def _write_statistics(rep: Report, out: Path, rows: str) -> None:
+def _write_statistics(rep: Report, out: Path, rows: str, draw: bool = True) -> None:
     st = rep.statistics
     fr = st["friedman"]
     if fr.get("mean_rank"):
@@ -238,7 +240,8 @@ def _write_statistics(rep: Report, out: Path, rows: str) -> None:
             out / "ranks.csv", index=False)
         title = f"Mean rank of {st['metric']} over {fr['n']} cell(s)"
         title += f"; Friedman p = {fr['p']:.3g}, Nemenyi CD = {fr['cd']:.2f}" if fr.get("status") == "ok" else ""
-        plots.plot_cd_diagram(fr["mean_rank"], fr.get("cd"), out / "cd_diagram.png", title)
+        if draw:
+            plots.plot_cd_diagram(fr["mean_rank"], fr.get("cd"), out / "cd_diagram.png", title)
     pd.DataFrame(st["wtl"]).to_csv(out / "wtl.csv", index=False)
     if "agreement" in st:
         cells = pd.DataFrame(st["agreement"]["cells"],
@@ -248,8 +251,17 @@ def _write_statistics(rep: Report, out: Path, rows: str) -> None:
                                          ("tau", "concordant", "discordant", "pairs")}}
         pd.concat([cells, pd.DataFrame([pooled])], ignore_index=True).to_csv(out / "agreement.csv", index=False)
     machine = {k: v for k, v in st.items() if k != "wtl_text"}
-    (out / "stats.json").write_text(json.dumps(machine, indent=1, default=_json_default, allow_nan=False))
+    (out / "stats.json").write_text(json.dumps(_finite(machine), indent=1, default=_json_default, allow_nan=False))
     (out / "stats.md").write_text(stats_markdown(rep, rows))
+
+
+def _finite(value):
+    """NaN -> None all through (JSON has no NaN), numpy scalars -> Python."""
+    if isinstance(value, dict):
+        return {str(k): _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return _json_value(value)
 
 
 def _json_default(value):
@@ -416,6 +428,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
 
 
+def matches_any(frame: pd.DataFrame, reference: pd.DataFrame) -> bool:
+    """Whether any run (of any status) is a cell of the reference table."""
+    cells = reference.drop_duplicates(subset=["method", "variant", "dataset", "model", "partition", "rho", "tau",
+                                              "p", "alpha"])
+    idents = [run_identity(r) for _, r in frame.iterrows() if _canon(r.get("method")) is not None]
+    return any(matches(c, i) for _, c in cells.iterrows() for i in idents)
+
+
 def _main(args: argparse.Namespace) -> int:
     if not 0 < args.alpha < 1:
         raise ReportInputError(f"--alpha={args.alpha} is invalid: allowed a level in (0, 1)")
@@ -435,6 +455,9 @@ def _main(args: argparse.Namespace) -> int:
         reference = load_reference(reference_paths(frame, args.reference))
     except (OSError, ValueError) as err:
         raise ReportInputError(f"cannot read the reference numbers: {err}") from None
+    if args.reference is not None and reference is not None and not matches_any(frame, reference):
+        raise ReportInputError(f"--reference {args.reference} matches no run below {args.dir} (method, dataset, "
+                               "model, partition, rho, tau, p, alpha): a table of another sweep?")
     out = args.out or args.dir / "report"
     metric = resolve_metric(args.metric, args.beside)
     print(write_report(frame, out, rows, by, metric, args.ratio_to, reference, args.figures, alpha=args.alpha,
