@@ -519,3 +519,40 @@ def test_report_cli_prints_no_traceback(tmp_path: Path):
                          capture_output=True, text=True)
     assert res.returncode == 2 and "Traceback" not in res.stderr + res.stdout
     assert res.stdout.strip() == f"fedlnl-report: error: no run directories (summary.json or metrics.jsonl) below {tmp_path / 'empty'}"
+
+
+def test_wandb_report_run_in_the_sweeps_group(sweep: Path, monkeypatch, capsys):
+    """Runs that logged to W&B (offline): the report logs one run "report" into their group, with
+    its tables and figures; `--wandb off` logs nothing."""
+    pytest.importorskip("wandb")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    for path in sweep.rglob("summary.json"):
+        try:
+            s = json.loads(path.read_text())
+        except ValueError:
+            continue
+        s["config"].update(name="mysweep", logger={"kind": "wandb", "mode": "offline", "project": "fedlnl"})
+        path.write_text(json.dumps(s))
+    frame = report.load_summaries(sweep)
+    from fedlnl.benchmark.report import wandb_log
+
+    assert wandb_log.target(frame, sweep) == {"project": "fedlnl", "entity": None, "mode": "offline",
+                                       "group": f"mysweep/{sweep.name}"}  # the runner's "<name>/<sweep dir>"
+    assert report.main([str(sweep), "--wandb", "off"]) == 0
+    assert not (sweep / "report" / "wandb").exists()
+    assert report.main([str(sweep)]) == 0
+    out = capsys.readouterr().out
+    assert f"W&B: report run logged offline in group mysweep/{sweep.name}; upload with `wandb sync " in out
+    (run,) = (sweep / "report" / "wandb").glob("offline-run-*")
+    import time
+
+    for _ in range(60):  # W&B's service writes the offline log asynchronously after finish()
+        log = next(run.glob("*.wandb")).read_bytes()
+        if b"figures/cd_diagram" in log:
+            break
+        time.sleep(0.5)
+    for key in (b"tables/accuracy", b"tables/ranks", b"tables/win_tie_loss", b"figures/acc_vs_cost",
+                b"figures/cd_diagram", b"mysweep/" + sweep.name.encode()):
+        assert key in log, key
+    assert list((run / "files" / "media" / "images" / "figures").glob("acc_vs_cost_*.png"))

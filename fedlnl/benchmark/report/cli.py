@@ -132,7 +132,7 @@ def write_report(frame: pd.DataFrame, out: Path, rows: str = "method", by: Seque
     (out / "accuracy.md").write_text(text + "\nThe full notes: notes.md; statistics: stats.md.\n")
     (out / "notes.md").write_text(notes_markdown(rep))
     html.write_html(rep, out)
-    wandb_log.maybe_log(rep, frame, out, wandb)
+    wandb_log.maybe_log(rep, frame, out, wandb, source)
     return text
 
 

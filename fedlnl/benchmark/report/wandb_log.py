@@ -17,7 +17,18 @@ log = logging.getLogger(__name__)
 MODES = ("auto", "on", "off")
 
 
-def target(frame: pd.DataFrame) -> dict | None:
+def sweep_dir(run_dir: Path, root: Path | None) -> Path:
+    """The sweep directory of a run: the nearest folder above it with Hydra's multirun.yaml, else
+    the directory the report reads (``root``), else the run's parent."""
+    for folder in run_dir.parents:
+        if (folder / "multirun.yaml").is_file():
+            return folder
+        if root is not None and folder == root:
+            return root
+    return run_dir.parent
+
+
+def target(frame: pd.DataFrame, root: Path | None = None) -> dict | None:
     """project, entity, mode and group of the runs that logged to W&B (the most common group:
     "<name>/<sweep dir>", as the runner names it), or None when no run did."""
     if "config.logger.kind" not in frame:
@@ -26,19 +37,21 @@ def target(frame: pd.DataFrame) -> dict | None:
     if used.empty:
         return None
     first = used.iloc[0]
-    groups = Counter(f"{_canon(r.get('config.name'))}/{Path(str(r['path'])).parent.name}" for _, r in used.iterrows())
+    root = root.resolve() if root is not None else None
+    groups = Counter(f"{_canon(r.get('config.name'))}/{sweep_dir(Path(str(r['path'])).resolve(), root).name}"
+                     for _, r in used.iterrows())
     return {"project": _canon(first.get("config.logger.project")) or "fedlnl",
             "entity": _canon(first.get("config.logger.entity")),
             "mode": _canon(first.get("config.logger.mode")) or "offline",
             "group": groups.most_common(1)[0][0]}
 
 
-def maybe_log(rep, frame: pd.DataFrame, out: Path, when: str = "auto") -> Path | None:
+def maybe_log(rep, frame: pd.DataFrame, out: Path, when: str = "auto", root: Path | None = None) -> Path | None:
     """Log the report when ``when`` is "on", or "auto" and the runs used logger=wandb; a failure
     of W&B is one warning, never a failed report."""
     if when == "off":
         return None
-    where = target(frame)
+    where = target(frame, root)
     if where is None and when == "auto":
         return None
     where = where or {"project": "fedlnl", "entity": None, "mode": "offline", "group": out.parent.name}
