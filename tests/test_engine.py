@@ -91,12 +91,58 @@ def test_local_train_reduces_loss_and_evaluate_counts():
     data = engine.TensorData.build(x, (0.5,), (0.25,), None, "cpu")
     model = nn.Sequential(nn.Flatten(), nn.Linear(16, 2))
     idx = torch.arange(n)
-    before = engine.evaluate(model, data, y)[1]
+    before = engine.evaluate(model, data, y).loss
     engine.local_train(model, data, idx, y, epochs=20, batch_size=20, lr=0.1, momentum=0.5,
                        gen=torch.Generator().manual_seed(0))
-    acc, after = engine.evaluate(model, data, y)
+    ev = engine.evaluate(model, data, y)
+    acc, after = ev.acc, ev.loss
     assert after < before and acc > 0.9
 
 
 def test_payload_bytes():
     assert engine.payload_bytes({"w": torch.zeros(10), "lid": 1.0, "g": np.zeros(3, np.float64)}) == 40 + 4 + 24
+
+
+class _Fixed(nn.Module):
+    """A 'model' whose logits are a fixed table, row i for image i (images carry their index)."""
+
+    def __init__(self, logits):
+        super().__init__()
+        self.logits = logits
+
+    def forward(self, x):
+        return self.logits[x.reshape(x.shape[0], -1)[:, 0].round().long()]
+
+
+def test_evaluate_balanced_accuracy_is_mean_per_class_recall():
+    # 8 test images, 4 classes; class 3 absent. Predictions: class 0: 3 of 4 right, class 1: 1 of 2,
+    # class 2: 0 of 2 -> accuracy 4/8, recalls (0.75, 0.5, 0), balanced (0.75 + 0.5 + 0) / 3.
+    y = torch.tensor([0, 0, 0, 0, 1, 1, 2, 2])
+    pred = torch.tensor([0, 0, 0, 1, 1, 0, 0, 3])
+    x = torch.arange(8, dtype=torch.uint8).view(8, 1, 1, 1)
+    data = engine.TensorData.build(x, (0.0,), (1 / 255,), None, "cpu")  # normalised pixel = index
+    ev = engine.evaluate(_Fixed(torch.nn.functional.one_hot(pred, 4).float() * 5), data, y, batch_size=3)
+    assert ev.acc == pytest.approx(0.5)
+    assert ev.balanced_acc == pytest.approx((0.75 + 0.5 + 0.0) / 3)
+    assert ev.class_acc == [pytest.approx(0.75), pytest.approx(0.5), 0.0, None]
+    assert ev.loss == pytest.approx(torch.nn.functional.cross_entropy(
+        torch.nn.functional.one_hot(pred, 4).float() * 5, y).item())
+    # num_classes beyond the model's outputs only lengthens class_acc with absent classes
+    assert engine.evaluate(_Fixed(torch.nn.functional.one_hot(pred, 4).float()), data, y,
+                           num_classes=6).class_acc[4:] == [None, None]
+
+
+def test_accuracy_summary_and_cost_cover_both_curves():
+    from fedlnl.benchmark.metrics import accuracy_summary, cost_to_target
+
+    rows = [{"round": r + 1, "comm_cost": 10 * (r + 1), "acc": a, "balanced_acc": b}
+            for r, (a, b) in enumerate([(0.2, 0.1), (0.6, 0.4), (0.5, 0.55), (float("nan"), None)])]
+    s = accuracy_summary(rows, last_k=2)
+    assert (s["best_acc"], s["final_acc"], s["last2_acc"]) == (0.6, 0.5, pytest.approx(0.55))
+    assert (s["best_balanced_acc"], s["final_balanced_acc"]) == (0.55, 0.55)
+    assert s["last2_balanced_acc"] == pytest.approx(0.475)
+    assert cost_to_target(rows, [0.5, 0.9]) == {"0.5": 20, "0.9": None}
+    assert cost_to_target(rows, [0.5], key="balanced_acc") == {"0.5": 30}
+    # rows written before balanced accuracy existed: None, not an error
+    old = accuracy_summary([{"acc": 0.3}])
+    assert old["best_acc"] == 0.3 and old["best_balanced_acc"] is None

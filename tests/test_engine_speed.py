@@ -129,7 +129,8 @@ def test_evaluate_and_predict_match_the_nchw_forward_pass():
     logits = engine.predict(model, data, torch.arange(300), batch_size=128)
     assert not logits.is_inference()
     torch.testing.assert_close(logits, ref, rtol=1e-5, atol=1e-5)
-    acc, loss = engine.evaluate(model, data, y, batch_size=128)
+    ev = engine.evaluate(model, data, y, batch_size=128)
+    acc, loss = ev.acc, ev.loss
     assert acc == pytest.approx((ref.argmax(1) == y).float().mean().item(), abs=1 / 300 + 1e-9)
     assert loss == pytest.approx(F.cross_entropy(ref, y).item(), rel=1e-5)
     assert model.training  # mode restored

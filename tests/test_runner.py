@@ -26,6 +26,15 @@ def test_summary_and_metrics_follow_the_contract(tmp_path):
     for zeta, cost in s["cost_to_target"].items():
         hit = [r["comm_cost"] for r in rows if r["acc"] >= float(zeta)]
         assert cost == (hit[0] if hit else None)
+    # balanced accuracy: every row has per-class recall; its mean over present classes is balanced_acc
+    for r in rows:
+        present = [a for a in r["class_acc"] if a is not None]
+        assert len(r["class_acc"]) == 10 and r["balanced_acc"] == pytest.approx(sum(present) / len(present))
+    assert s["best_balanced_acc"] == max(r["balanced_acc"] for r in rows)
+    assert s["last10_balanced_acc"] == pytest.approx(sum(r["balanced_acc"] for r in rows) / 3)
+    for zeta, cost in s["cost_to_target_balanced"].items():
+        hit = [r["comm_cost"] for r in rows if r["balanced_acc"] >= float(zeta)]
+        assert cost == (hit[0] if hit else None)
     assert (tmp_path / "diagnostics.json").exists()
     assert not list(tmp_path.glob(".*.tmp"))
 

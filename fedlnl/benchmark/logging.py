@@ -80,8 +80,10 @@ class WandbSink:
         )
 
     def log(self, row: dict) -> None:
-        row = {k: v for k, v in _clean(row).items() if isinstance(v, (int, float)) and v is not None}
-        self.run.log(row, step=int(row["round"]))
+        row = _clean(row)
+        per_class = {f"class_acc/{c}": v for c, v in enumerate(row.get("class_acc") or []) if v is not None}
+        row = {k: v for k, v in row.items() if isinstance(v, (int, float)) and v is not None}
+        self.run.log({**row, **per_class}, step=int(row["round"]))
 
     def summary(self, summary: dict) -> None:
         for key, value in _clean(summary).items():
@@ -89,6 +91,8 @@ class WandbSink:
                 self.run.summary[key] = value
         for zeta, cost in (summary.get("cost_to_target") or {}).items():
             self.run.summary[f"cost_to_{zeta}"] = cost
+        for zeta, cost in (summary.get("cost_to_target_balanced") or {}).items():
+            self.run.summary[f"cost_to_{zeta}_balanced"] = cost
 
     def close(self, status: str = "complete") -> None:
         self.run.finish(exit_code=0 if status in ("complete", "diverged") else 1)  # failed -> marked failed

@@ -13,22 +13,27 @@ import numpy as np
 import torch
 
 
+#: the accuracy curves of a run's rows: test accuracy, and balanced accuracy (mean per-class recall)
+CURVES = {"acc": "acc", "balanced_acc": "balanced_acc"}
+
+
 def accuracy_summary(rows: list[dict], last_k: int = 10) -> dict:
-    accs = [r["acc"] for r in rows if r.get("acc") is not None and math.isfinite(r["acc"])]
-    if not accs:
-        return {"best_acc": None, "final_acc": None, f"last{last_k}_acc": None}
-    return {
-        "best_acc": max(accs),
-        "final_acc": accs[-1],
-        f"last{last_k}_acc": float(np.mean(accs[-last_k:])),
-    }
+    """best / final / last-k mean of every curve: ``best_acc``, ``final_acc``, ``last10_acc`` and the
+    same of balanced accuracy (``best_balanced_acc``, ...); None where a curve has no finite value."""
+    out = {}
+    for key, name in CURVES.items():
+        vals = [r[key] for r in rows if r.get(key) is not None and math.isfinite(r[key])]
+        out[f"best_{name}"] = max(vals) if vals else None
+        out[f"final_{name}"] = vals[-1] if vals else None
+        out[f"last{last_k}_{name}"] = float(np.mean(vals[-last_k:])) if vals else None
+    return out
 
 
-def cost_to_target(rows: list[dict], targets: list[float]) -> dict[str, int | None]:
-    """{str(ζ): lowest cumulative communication cost whose evaluation reached accuracy ≥ ζ}."""
+def cost_to_target(rows: list[dict], targets: list[float], key: str = "acc") -> dict[str, int | None]:
+    """{str(ζ): lowest cumulative communication cost whose evaluation reached ``key`` ≥ ζ}."""
     out: dict[str, int | None] = {}
     for zeta in targets:
-        hit = next((r["comm_cost"] for r in rows if r.get("acc") is not None and r["acc"] >= zeta), None)
+        hit = next((r["comm_cost"] for r in rows if r.get(key) is not None and r[key] >= zeta), None)
         out[str(float(zeta))] = hit
     return out
 

@@ -240,10 +240,13 @@ class Runner:
     @torch.no_grad()
     def evaluate(self, state, rnd: int, losses: list[float], agg: dict) -> dict:
         model = self.method.eval_model(state)
-        acc, loss = engine.evaluate(model, self.test, self.test_labels, int(self.cfg.fl.eval_batch_size))
+        ev = engine.evaluate(model, self.test, self.test_labels, int(self.cfg.fl.eval_batch_size),
+                             num_classes=self.info.num_classes)
         finite = [x for x in losses if math.isfinite(x)]
+        ok = math.isfinite(ev.loss)
         row = {
-            "round": rnd + 1, "acc": acc if math.isfinite(loss) else None, "loss": loss,
+            "round": rnd + 1, "acc": ev.acc if ok else None, "loss": ev.loss,
+            "balanced_acc": ev.balanced_acc if ok else None, "class_acc": ev.class_acc if ok else None,
             "comm_cost": self.comm, "bytes_up": self.bytes_up,
             "train_loss": float(np.mean(finite)) if finite and len(finite) == len(losses) else float("nan"),
             "time_s": time.time() - self.t0,
@@ -278,6 +281,7 @@ class Runner:
             "seed": int(self.cfg.seed), "variant": self.cfg.get("variant"), "preset": self.cfg.get("preset"),
             **accuracy_summary(self.rows),
             "comm_cost": self.comm, "cost_to_target": cost_to_target(self.rows, list(self.cfg.targets)),
+            "cost_to_target_balanced": cost_to_target(self.rows, list(self.cfg.targets), key="balanced_acc"),
             "bytes_up": self.bytes_up, "rounds_run": self.rows[-1]["round"] if self.rows else 0,
             "total_rounds": self.total, "wall_time_s": time.time() - self.t0,
             "federation_hash": self.fed.hash, "federation": federation_stats(self.fed),

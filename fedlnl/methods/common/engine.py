@@ -340,19 +340,42 @@ def per_sample_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits, labels, reduction="none")
 
 
+@dataclass(frozen=True)
+class Evaluation:
+    """Test-set scores of one model: accuracy, mean cross-entropy, balanced accuracy (the mean
+    per-class recall over the classes the labels hold, the metric FedNoRo reports) and the recall of
+    each class (None for a class absent from the labels)."""
+
+    acc: float
+    loss: float
+    balanced_acc: float
+    class_acc: list
+
+
 @torch.inference_mode()
-def evaluate(model: nn.Module, data: TensorData, labels: torch.Tensor, batch_size: int = 1000):
-    """(accuracy, mean loss) of ``model`` on the whole of ``data`` (a test set), read from the
-    images normalised once (``data.plain``) in the model's memory format."""
+def evaluate(model: nn.Module, data: TensorData, labels: torch.Tensor, batch_size: int = 1000,
+             num_classes: int | None = None) -> Evaluation:
+    """Scores of ``model`` on the whole of ``data`` (a test set), read from the images normalised
+    once (``data.plain``) in the model's memory format, with one host read. ``num_classes`` sets the
+    length of ``class_acc`` (default: the model's number of outputs)."""
     was_training = model.training
     model.eval()
     x = data.plain(memory_format(model, data.device))
     logits = torch.cat([model(xb) for xb in x.split(batch_size)])
     model.train(was_training)
+    c = int(num_classes or logits.shape[1])
     loss = F.cross_entropy(logits, labels, reduction="mean")
-    acc = (logits.argmax(1) == labels).float().mean()
-    acc, loss = torch.stack([acc, loss]).tolist()
-    return acc, loss
+    correct = logits.argmax(1) == labels
+    # counts of (class, correct) pairs in one unweighted bincount (deterministic on every device)
+    pairs = torch.bincount(labels * 2 + correct.long(), minlength=2 * c)[:2 * c].view(c, 2)
+    count = pairs.sum(1)
+    recall = pairs[:, 1] / count.clamp_min(1)
+    present = (count > 0).float()
+    balanced = (recall * present).sum() / present.sum().clamp_min(1)
+    values = torch.cat([torch.stack([correct.float().mean(), loss, balanced]), recall, present]).tolist()
+    acc, loss, balanced = values[:3]
+    class_acc = [r if p else None for r, p in zip(values[3:3 + c], values[3 + c:])]
+    return Evaluation(acc, loss, balanced, class_acc)
 
 
 # ------------------------------------------------------------------------------- weights
