@@ -217,8 +217,9 @@ def friedman_text(fr: dict) -> str:
     if fr["dropped_rows"] or fr["dropped_columns"]:
         dropped = (f" (cells without gaps only: left out {len(fr['dropped_rows'])} row(s), "
                    f"{len(fr['dropped_columns'])} column(s))")
-    return (f"χ²_F = {fr['statistic']:.2f}, p = {fr['p']:.3g} over k = {fr['k']} methods and N = {fr['n']} cells"
-            f"{dropped}; Nemenyi critical difference at α = {fr['alpha']:g}: CD = {fr['cd']:.2f} "
+    approx = " (χ² approximation, indicative with fewer than 10 cells)" if fr["n"] < 10 else ""
+    return (f"χ²_F = {fr['statistic']:.2f}, p = {fr['p']:.3g}{approx} over k = {fr['k']} methods and N = {fr['n']} "
+            f"cells{dropped}; Nemenyi critical difference at α = {fr['alpha']:g}: CD = {fr['cd']:.2f} "
             "(methods whose mean ranks differ by less are not significantly different; cd_diagram.png).")
 
 
