@@ -6,7 +6,7 @@ plus README.md and the other docs/ pages and fails, listing file:line, for a sec
 ``§N`` heading or a label that has no ``**X**`` entry in docs/methods.md. Labels are collected (a) in the chain of references that
 follows ``methods.md``, (b) in the last column of the fidelity-switch tables of method docstrings
 (header cell ``methods.md``), (c) anywhere in fedlnl/methods/ and fedlnl/conf/, where a bare
-Q/D/R + number token means nothing but such a label (the YAML switch comments ``# Q6: ...``).
+Q/D/R/L + number token means nothing but such a label (the YAML switch comments ``# Q6: ...``).
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ REPO = Path(__file__).resolve().parents[1]
 DOC = REPO / "docs" / "methods.md"
 
 NUM = r"\d+(?:\.\d+)?"
-LABEL = r"[QDR]\d{1,2}"
+LABEL = r"[QDRL]\d{1,2}"  # L: the local label-noise methods of §21
 #: one reference of a chain: §N(.M), a bare N after a dash (``§11-12``), or a label / label range
 REF = rf"§\s?{NUM}|(?<=[-–]){NUM}|{LABEL}(?:[–-]{LABEL})?"
 #: separators between the references of a chain; a YAML comment may continue on the next line
@@ -142,7 +142,7 @@ def test_doc_headings_and_labels_are_unique_and_complete(index):
     sections, labels, dup = index
     assert not dup, f"duplicated in docs/methods.md: {dup}"
     assert {str(n) for n in range(0, 18)} <= set(sections), "a top-level § section is missing"
-    for family, count, home in (("Q", 25, "2.7"), ("D", 20, "3.6"), ("R", 7, "6")):
+    for family, count, home in (("Q", 25, "2.7"), ("D", 20, "3.6"), ("R", 7, "6"), ("L", 16, "21")):
         start, end = sections[home]
         for k in range(1, count + 1):
             assert f"{family}{k}" in labels, f"label {family}{k} missing"

@@ -240,8 +240,9 @@ def test_a_failure_after_training_started_keeps_metrics_and_says_why(tmp_path, m
 def test_a_test_loss_of_exactly_zero_is_not_divergence(tmp_path, monkeypatch):
     from fedlnl.methods.common import engine
 
-    monkeypatch.setattr(engine, "evaluate", lambda *a, **k: (1.0, 0.0))
-    assert run_tiny(tmp_path, ["fl.rounds=2"])["status"] == "complete"
+    monkeypatch.setattr(engine, "evaluate", lambda *a, **k: engine.Evaluation(1.0, 0.0, 1.0, [1.0] * 10))
+    s = run_tiny(tmp_path, ["fl.rounds=2"])
+    assert s["status"] == "complete" and s["best_acc"] == 1.0 and s["best_balanced_acc"] == 1.0
 
 
 def test_an_exploding_run_is_diverged_not_complete(tmp_path):

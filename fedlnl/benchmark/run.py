@@ -124,7 +124,8 @@ class Runner:
         self.records: dict = {}  # ctx.record(...) diagnostics, written to diagnostics.json
         self.info = FederationInfo(self.fed.num_clients, self.fed.num_classes, self.fed.client_sizes,
                                    tuple(src.x_train.shape[1:]), int(cfg.seed),
-                                   self.fed.meta.get("nominal_noise_rate"))
+                                   self.fed.meta.get("nominal_noise_rate"),
+                                   self.fed.meta.get("nominal_noisy_share"))
         with torch.random.fork_rng(devices=[]):  # model init from the run seed, not global state
             torch.manual_seed(int(cfg.seed))
             self.model = instantiate(cfg.model, num_classes=self.info.num_classes,

@@ -350,7 +350,7 @@ class FedCorr:
             return loss
 
         return engine.local_train(
-            model, client.data, client.indices, client.labels, gen=gen, loss_fn=loss_fn, **self.fl.sgd())
+            model, client.data, client.indices, client.labels, gen=gen, loss_fn=loss_fn, **self.fl.training())
 
     def aggregate(self, state, updates, ctx):
         stage, r = self._where(state, ctx.round)
