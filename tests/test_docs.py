@@ -2,8 +2,8 @@
 
 The code cites the method specifications as ``methods.md §N`` / ``§N.M`` and by label (``Q6``: FedCorr
 code vs. paper, ``D4``: FedDiv, ``R1``: RoFL). This scans every .py, .yaml and .md file under fedlnl/
-plus README.md and fails, listing file:line, for a section that has no ``§N`` heading or a label that
-has no ``**X**`` entry in docs/methods.md. Labels are collected (a) in the chain of references that
+plus README.md and the other docs/ pages and fails, listing file:line, for a section that has no
+``§N`` heading or a label that has no ``**X**`` entry in docs/methods.md. Labels are collected (a) in the chain of references that
 follows ``methods.md``, (b) in the last column of the fidelity-switch tables of method docstrings
 (header cell ``methods.md``), (c) anywhere in fedlnl/methods/ and fedlnl/conf/, where a bare
 Q/D/R/L + number token means nothing but such a label (the YAML switch comments ``# Q6: ...``).
@@ -32,7 +32,8 @@ BARE_LABEL = re.compile(rf"(?<![\w.]){LABEL}(?:[–-]{LABEL})?(?!\w|\.\d)")
 
 def sources() -> list[Path]:
     files = [p for ext in ("py", "yaml", "md") for p in (REPO / "fedlnl").rglob(f"*.{ext}")]
-    return sorted(files) + [REPO / "README.md"]
+    pages = [p for p in (REPO / "docs").glob("*.md") if p != DOC]  # the user guide, configuration, ...
+    return sorted(files) + [REPO / "README.md", *sorted(pages)]
 
 
 def doc_index(doc: str) -> tuple[dict[str, tuple[int, int]], dict[str, int], list[str]]:

@@ -96,9 +96,10 @@ def _nodes(method, node: Mapping, path: str = "method"):
 
 
 def check_typed(typed: Mapping[str, str], method, node: Mapping, family: str | None) -> None:
-    """Refuse a typed ``fl.X`` that cannot take effect: shadowed by a method pin the user did not
-    also type, not read by the method at all (``fl_unused``), or not read by the optimiser it trains
-    with (``momentum`` of adam, ``betas`` of sgd; also as a method pin ``method.X``)."""
+    """Refuse a typed ``fl.X`` that cannot take effect: shadowed by a method pin of a different
+    value that the user did not also type, not read by the method at all (``fl_unused``), or not
+    read by the optimiser it trains with (``momentum`` of adam, ``betas`` of sgd; also as a method
+    pin ``method.X``). A typed value equal to the pin takes effect as typed, so it is accepted."""
     for path, sub, obj in _nodes(method, node):
         check_optimizer_keys(typed, path, sub, obj, family)
     for key, value in typed.items():
@@ -110,10 +111,23 @@ def check_typed(typed: Mapping[str, str], method, node: Mapping, family: str | N
             if field in unused:
                 raise ConfigError(f"{key}={value} does not apply to {type(obj).__name__}: {unused[field]}")
             pinned = sub.get(field) if field in FL_FIELDS else None
-            if pinned is not None and f"{path}.{field}" not in typed:
+            if pinned is not None and f"{path}.{field}" not in typed and not same_value(value, pinned):
                 where = f"{type(obj).__name__} on {family}, {method_file(sub['_target_'])}"
                 raise ConfigError(f"{key}={value} is shadowed by {path}.{field}={pinned} ({where}): "
                                   f"set {path}.{field}=... to change it")
+
+
+def same_value(typed: str, pinned) -> bool:
+    """Whether a typed command-line value equals a pinned one (``0.01``, ``1e-2`` and ``.01`` all
+    equal a pin of 0.01; a non-number compares as text)."""
+    if isinstance(pinned, (list, tuple)):  # betas=[0.9,0.999]
+        return str(typed).replace(" ", "") == str(list(pinned)).replace(" ", "")
+    if isinstance(pinned, bool) or not isinstance(pinned, (int, float)):
+        return str(typed).strip().lower() == str(pinned).lower()
+    try:
+        return float(typed) == float(pinned)
+    except ValueError:
+        return False
 
 
 def check_optimizer_keys(typed: Mapping[str, str], path: str, node: Mapping, method, family: str | None) -> None:
