@@ -23,6 +23,7 @@ from torch.utils.data import DataLoader, Dataset
 from torchvision import transforms
 
 from fedlnl.methods.common import engine
+from fedlnl.methods.common.protocol import Optim
 from fedlnl.models.lenet import LeNet
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
@@ -50,7 +51,7 @@ def time_runner(x_u8, y, bs, augment=True):
     data = engine.TensorData.build(x_u8, MEAN, STD, {"crop": 32, "pad": 4, "flip": True}, "cpu")
     idx = torch.arange(len(y))
     t = time.perf_counter()
-    engine.local_train(model, data, idx, y, epochs=1, batch_size=bs, lr=0.01, momentum=0.5,
+    engine.local_train(model, data, idx, y, epochs=1, batch_size=bs, optim=Optim("sgd", 0.01, 0.0, 0.5),
                        gen=torch.Generator().manual_seed(0), augment=augment)
     return time.perf_counter() - t
 

@@ -40,8 +40,8 @@ def make(cls, **kw):
     from fedlnl.methods.common.protocol import FL_FIELDS, FLSettings
 
     kw.pop("rounds", None)
-    fl = dict(frac=1.0, local_epochs=1, batch_size=2, lr=0.1, momentum=0.0, weight_decay=0.0, augment=False,
-              eval_batch_size=1000)
+    fl = dict(frac=1.0, local_epochs=1, batch_size=2, optimizer="sgd", lr=0.1, momentum=0.0, betas=None,
+              weight_decay=0.0, augment=False, eval_batch_size=1000)
     fl.update({k: kw.pop(k) for k in list(kw) if k in FL_FIELDS})
     if "score_batch_size" in kw:
         fl["eval_batch_size"] = kw.pop("score_batch_size")

@@ -73,6 +73,22 @@ def test_fedprox_on_cifar10_names_the_key_that_holds_the_lr():
     assert build_method(compose_cfg(["method=fedprox", "dataset=cifar10"])).fl.lr == 0.01
 
 
+@pytest.mark.parametrize("method", ["fedprox", "arfl"])
+@pytest.mark.parametrize("typed", ["0.01", "1e-2", ".01"])
+def test_a_typed_value_equal_to_the_pin_is_accepted(method, typed):
+    """FedProx and ARFL pin lr 0.01 on CIFAR-10: typing that very value takes effect as typed."""
+    cfg = compose_cfg([f"method={method}", "dataset=cifar10", f"fl.lr={typed}"])
+    assert build_method(cfg, [f"fl.lr={typed}"]).fl.lr == 0.01
+    with pytest.raises(ConfigError, match=rf"^fl\.lr=0\.011 is shadowed by method\.lr=0\.01 "):
+        build_method(compose_cfg([f"method={method}", "dataset=cifar10", "fl.lr=0.011"]), ["fl.lr=0.011"])
+
+
+def test_same_value_compares_numbers_as_numbers():
+    assert fcompose.same_value("10", 10) and fcompose.same_value("1e1", 10.0)
+    assert not fcompose.same_value("10", 11) and not fcompose.same_value("abc", 0.1)
+    assert fcompose.same_value("true", True) and not fcompose.same_value("1", True)
+
+
 def test_stage3_of_fedcorr_plus_x_takes_its_own_typed_value():
     cfg = compose_cfg(["method=fedcorr_feddyn", "dataset=cifar10", "method.stage3.lr=0.2"])
     m = build_method(cfg, ["method.stage3.lr=0.2"])
@@ -146,6 +162,11 @@ FROM_FL = {"warmup_local_epochs": "local_epochs", "warmup_lr": "lr", "warmup_mom
            "warmup_weight_decay": "weight_decay", "score_batch_size": "eval_batch_size"}
 
 
+#: fl keys added after the fixture, at their defaults in every preset: the local optimiser choice
+#: (SGD, as every preset ran; Adam's betas unread)
+ADDED_FL = {"optimizer": "sgd", "betas": [0.9, 0.999]}
+
+
 #: deliberate changes, each with its reason: (preset, method, old key) -> (old, new)
 CHANGED = {
     # a FedCorr + X stage 3 takes X's own per-dataset table, so PoC's digits pool d = 10 applies as
@@ -196,7 +217,7 @@ def test_presets_compose_to_the_effective_values_of_before(preset):
             cfg = compose("config", overrides=cell.split())
             resolved = OmegaConf.to_container(cfg, resolve=True)
             built = build_method(cfg)
-            assert resolved["fl"] == old["fl"], cell
+            assert resolved["fl"] == {**old["fl"], **ADDED_FL}, cell
             assert resolved["dataset"]["name"] == old["dataset"] and resolved["model"]["_target_"] == old["model"]
             assert {k: v for k, v in resolved["model"].items() if k != "_target_"} == old["model_opts"], cell
             assert (resolved.get("variant"), resolved.get("checkpoint_every")) == (old["variant"], old["checkpoint_every"])

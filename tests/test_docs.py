@@ -2,11 +2,11 @@
 
 The code cites the method specifications as ``methods.md §N`` / ``§N.M`` and by label (``Q6``: FedCorr
 code vs. paper, ``D4``: FedDiv, ``R1``: RoFL). This scans every .py, .yaml and .md file under fedlnl/
-plus README.md and fails, listing file:line, for a section that has no ``§N`` heading or a label that
-has no ``**X**`` entry in docs/methods.md. Labels are collected (a) in the chain of references that
+plus README.md and the other docs/ pages and fails, listing file:line, for a section that has no
+``§N`` heading or a label that has no ``**X**`` entry in docs/methods.md. Labels are collected (a) in the chain of references that
 follows ``methods.md``, (b) in the last column of the fidelity-switch tables of method docstrings
 (header cell ``methods.md``), (c) anywhere in fedlnl/methods/ and fedlnl/conf/, where a bare
-Q/D/R + number token means nothing but such a label (the YAML switch comments ``# Q6: ...``).
+Q/D/R/L + number token means nothing but such a label (the YAML switch comments ``# Q6: ...``).
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ REPO = Path(__file__).resolve().parents[1]
 DOC = REPO / "docs" / "methods.md"
 
 NUM = r"\d+(?:\.\d+)?"
-LABEL = r"[QDR]\d{1,2}"
+LABEL = r"[QDRL]\d{1,2}"  # L: the local label-noise methods of §21
 #: one reference of a chain: §N(.M), a bare N after a dash (``§11-12``), or a label / label range
 REF = rf"§\s?{NUM}|(?<=[-–]){NUM}|{LABEL}(?:[–-]{LABEL})?"
 #: separators between the references of a chain; a YAML comment may continue on the next line
@@ -32,7 +32,8 @@ BARE_LABEL = re.compile(rf"(?<![\w.]){LABEL}(?:[–-]{LABEL})?(?!\w|\.\d)")
 
 def sources() -> list[Path]:
     files = [p for ext in ("py", "yaml", "md") for p in (REPO / "fedlnl").rglob(f"*.{ext}")]
-    return sorted(files) + [REPO / "README.md"]
+    pages = [p for p in (REPO / "docs").glob("*.md") if p != DOC]  # the user guide, configuration, ...
+    return sorted(files) + [REPO / "README.md", *sorted(pages)]
 
 
 def doc_index(doc: str) -> tuple[dict[str, tuple[int, int]], dict[str, int], list[str]]:
@@ -141,7 +142,7 @@ def test_doc_headings_and_labels_are_unique_and_complete(index):
     sections, labels, dup = index
     assert not dup, f"duplicated in docs/methods.md: {dup}"
     assert {str(n) for n in range(0, 18)} <= set(sections), "a top-level § section is missing"
-    for family, count, home in (("Q", 25, "2.7"), ("D", 20, "3.6"), ("R", 7, "6")):
+    for family, count, home in (("Q", 25, "2.7"), ("D", 20, "3.6"), ("R", 7, "6"), ("L", 16, "21")):
         start, end = sections[home]
         for k in range(1, count + 1):
             assert f"{family}{k}" in labels, f"label {family}{k} missing"

@@ -5,7 +5,7 @@ import torch
 from torch import nn
 
 from fedlnl.methods.common import engine
-from fedlnl.methods.common.protocol import RoundContext
+from fedlnl.methods.common.protocol import Optim, RoundContext
 
 
 def test_weighted_average_matches_closed_form():
@@ -92,7 +92,7 @@ def test_local_train_reduces_loss_and_evaluate_counts():
     model = nn.Sequential(nn.Flatten(), nn.Linear(16, 2))
     idx = torch.arange(n)
     before = engine.evaluate(model, data, y).loss
-    engine.local_train(model, data, idx, y, epochs=20, batch_size=20, lr=0.1, momentum=0.5,
+    engine.local_train(model, data, idx, y, epochs=20, batch_size=20, optim=Optim("sgd", 0.1, 0.0, 0.5),
                        gen=torch.Generator().manual_seed(0))
     ev = engine.evaluate(model, data, y)
     acc, after = ev.acc, ev.loss

@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from fedlnl.methods.common import engine
+from fedlnl.methods.common.protocol import Optim
 from fedlnl.models.lenet import LeNet
 
 MEAN, STD = (0.4, 0.5, 0.6), (0.2, 0.25, 0.3)
@@ -58,7 +59,7 @@ def test_host_reads_of_local_training_do_not_grow_with_the_steps(monkeypatch, lo
         model = _model()
 
         def train():
-            engine.local_train(model, data, idx, y, epochs=1, batch_size=10, lr=0.01, momentum=0.5,
+            engine.local_train(model, data, idx, y, epochs=1, batch_size=10, optim=Optim("sgd", 0.01, 0.0, 0.5),
                                gen=torch.Generator().manual_seed(0), loss_fn=loss_fn)
 
         reads[batches] = _count_host_reads(monkeypatch, train)
@@ -69,7 +70,7 @@ def test_host_reads_of_local_training_do_not_grow_with_the_steps(monkeypatch, lo
 def _per_step_reference(model, data, idx, y, *, lr, gen, loss_fn, epochs=1):
     """The loop as it was: read every loss on the host, stop before stepping on a non-finite one."""
     model.train()
-    opt = engine.sgd(model, lr, 0.5)
+    opt = engine.optimizer(model, Optim("sgd", lr, 0.0, 0.5))
     total, count = 0.0, 0
     for _ in range(epochs):
         for step, pos in enumerate(engine.batches(idx.numel(), 10, gen)):
@@ -88,7 +89,7 @@ def test_local_train_equals_the_per_step_loop_also_when_it_diverges(lr, loss_fn)
     a, b = _model(), _model()
     ga, gb = torch.Generator().manual_seed(3), torch.Generator().manual_seed(3)
     ref = _per_step_reference(a, data, idx, y, lr=lr, gen=ga, loss_fn=loss_fn, epochs=2)
-    out = engine.local_train(b, data, idx, y, epochs=2, batch_size=10, lr=lr, momentum=0.5, gen=gb,
+    out = engine.local_train(b, data, idx, y, epochs=2, batch_size=10, optim=Optim("sgd", lr, 0.0, 0.5), gen=gb,
                              loss_fn=loss_fn)
     assert (math.isnan(ref) and math.isnan(out)) if lr > 1 else out == ref
     for (k, wa), wb in zip(a.state_dict().items(), b.state_dict().values()):
@@ -99,7 +100,7 @@ def test_local_train_equals_the_per_step_loop_also_when_it_diverges(lr, loss_fn)
 def test_epoch_loop_diverging_returns_the_losses_up_to_the_first_non_finite_one():
     data, idx, y = _client(60)
     model = _model()
-    opt = engine.sgd(model, 1e30, 0.5)
+    opt = engine.optimizer(model, Optim("sgd", 1e30, 0.0, 0.5))
     losses = engine.epoch_loop(model, opt, data, idx, batch_size=10, gen=torch.Generator().manual_seed(0),
                                augment=True, loss_fn=lambda m, xb, pos: F.cross_entropy(m(xb), y[pos]))
     assert 1 <= len(losses) <= 6 and not math.isfinite(losses[-1])

@@ -72,8 +72,11 @@ def sweep(tmp_path: Path) -> Path:
 
 
 def cell(values: list[float]) -> str:
+    """mean ± std [95% CI]: for two seeds the percentile bootstrap of the mean resamples {a, (a+b)/2,
+    b} with probabilities 1/4, 1/2, 1/4, so its 2.5% and 97.5% quantiles are min and max."""
     pct = 100 * np.array(values)
-    return f"{pct.mean():.2f} ± {pct.std():.2f}"
+    ci = f" [{pct.min():.2f}, {pct.max():.2f}]" if len(pct) == 2 else ""
+    return f"{pct.mean():.2f} ± {pct.std():.2f}{ci}"
 
 
 def test_accuracy_tables(sweep: Path, capsys, caplog):
@@ -86,10 +89,12 @@ def test_accuracy_tables(sweep: Path, capsys, caplog):
     rows = {line.split(" | ")[0].strip("| "): line for line in md.splitlines() if line.startswith("| fed")}
     # closed form: population std; fedavg best at (0.4,0), fedcorr best at (0.6,0.5)
     assert f"**{cell([0.80, 0.84])} (n=2)**" in rows["fedavg"]  # 82.00 ± 2.00
-    assert f"| {cell([0.70, 0.76])} (n=2) |" in rows["fedavg"]  # 73.00 ± 3.00, not bold
-    assert f"| {cell([0.78, 0.80])} (n=2) |" in rows["fedcorr"]
+    # paired t-test vs the column's best, 2 seeds: differences (-18, -10), t = -3.5 on 1 df, p = 0.18:
+    # not significantly worse (†); (0.4,0): fedcorr - fedavg = (-2, -4), t = -3, p = 0.20 (†)
+    assert f"| {cell([0.70, 0.76])} (n=2) † |" in rows["fedavg"]  # 73.00 ± 3.00, not bold
+    assert f"| {cell([0.78, 0.80])} (n=2) † |" in rows["fedcorr"]
     assert f"**{cell([0.88, 0.86])} (n=2, 1 incomplete)**" in rows["fedcorr"]
-    assert "82.00 ± 2.00" in rows["fedavg"] and "73.00 ± 3.00" in rows["fedavg"]
+    assert "82.00 ± 2.00 [80.00, 84.00]" in rows["fedavg"] and "73.00 ± 3.00 [70.00, 76.00]" in rows["fedavg"]
     header = md.splitlines()[2]
     assert header == ("| method | (0.4,0) | (0.4,0) last10_acc | (0.6,0.5) | (0.6,0.5) last10_acc | (0.8,0.5) | "
                       "(0.8,0.5) last10_acc |")
@@ -97,7 +102,11 @@ def test_accuracy_tables(sweep: Path, capsys, caplog):
     # the column whose only run failed is a missing cell
     assert rows["fedavg"].endswith("| missing (1 incomplete) |")
     assert rows["fedcorr"].endswith("| missing |")
-    assert "failed" in md and "fedcorr_0.6_0.5/2: missing" in md and "broken/0: unreadable" in md
+    # one line per kind of note under the table; the full list in notes.md
+    assert "- 3 incomplete run(s), not averaged" in md and md.count("broken/0") == 1
+    notes = (sweep / "report" / "notes.md").read_text()
+    assert "failed" in notes and "fedcorr_0.6_0.5/2: missing" in notes and "broken/0: unreadable" in notes
+    assert "Holm-corrected" in md and "α = 0.05" in md and "n = 2 paired seeds" in md
 
 
 def test_accuracy_csv_and_latex(sweep: Path):
@@ -113,7 +122,8 @@ def test_accuracy_csv_and_latex(sweep: Path):
     tex = (sweep / "report" / "accuracy.tex").read_text()
     assert "\\begin{tabular}{lccc}" in tex and "\\end{tabular}" in tex
     assert "\\textbf{82.00 $\\pm$ 2.00 (n=2)}" not in tex  # final_acc: 81.00
-    assert "\\textbf{81.00 $\\pm$ 2.00 (n=2)}" in tex and tex.count("\\textbf") == 2
+    assert "\\textbf{81.00 $\\pm$ 2.00 [79.00, 83.00] (n=2)}" in tex and tex.count("\\textbf") == 2
+    assert "% final_acc in %" in tex  # the table says which metric it shows
 
 
 def test_comm_table(sweep: Path):
@@ -149,7 +159,7 @@ def test_by_config_key_and_errors(sweep: Path, capsys):
     report.main([str(sweep), "--rows", "model", "--figures", "none", "--beside", "none"])  # methods join the columns
     assert "| model | fedavg (0.4,0) | fedavg (0.6,0.5) |" in capsys.readouterr().out
     assert report.main([str(sweep), "--by", "no.such.key"]) == 2
-    assert report.main([str(sweep / "nothing")]) == 1
+    assert report.main([str(sweep / "nothing")]) == 2
 
 
 def test_default_columns_for_noniid_and_datasets():
@@ -210,19 +220,20 @@ def test_reference_columns_ablation_rows_and_missing_cells(preset_sweep: Path, c
     out = capsys.readouterr().out
     md = (preset_sweep / "report" / "accuracy.md").read_text()
     rows = md_rows(md)
-    assert md.splitlines()[4] == "| method | (0.4,0) | (0.6,0.5) | (0.8,0.5) | (0.9,0.5) |"
-    assert "| **82.00 ± 2.00 (n=2); paper 85.00 ± 1.00, Δ -3.00** |" in rows["fedavg"]
+    # (0.9,0.5) has no run at all: not a column, but one summary line for its row
+    assert "| method | (0.4,0) | (0.6,0.5) | (0.8,0.5) |" in md.splitlines()
+    assert f"| **{cell([0.80, 0.84])} (n=2); paper 85.00 ± 1.00, Δ -3.00** |" in rows["fedavg"]
     assert "| missing (1 incomplete); paper 70.00 ± 2.00 |" in rows["fedavg"]
-    assert "| **87.00 ± 1.00 (n=2); paper 90.00 ± 0.50, Δ -3.00** |" in rows["fedcorr"]
-    assert rows["fedcorr"].endswith("| missing; paper 91.00 ± 0.30 |")  # never run
+    assert f"| **{cell([0.88, 0.86])} (n=2); paper 90.00 ± 0.50, Δ -3.00** |" in rows["fedcorr"]
     # the ablation variant is its own row, compared with its own paper value
     variant = rows["fedcorr (w/o correction)"]
-    assert variant == ("| fedcorr (w/o correction) | missing | 83.00 ± 1.00 (n=2); paper 88.00 ± 0.50, Δ -5.00 "
-                       "| missing | missing |")
+    assert variant == (f"| fedcorr (w/o correction) | missing | {cell([0.84, 0.82])} (n=2); paper 88.00 ± 0.50, "
+                       "Δ -5.00 | missing |")
     assert "Paper values from " + str(ref) + " (Fake Table 1, Fake Table 6, Fake Table 13, Fake Table 11)" in md
-    missing = md.split("Cells of the reference grid without any run (1):\n")[1]
-    assert missing.splitlines()[0] == "- fedcorr / (0.9,0.5)" and "fedcorr / (0.9,0.5)" in out
-    assert "not run" not in md.split("Incomplete runs")[1].split("Cells of")[0]  # placeholders aren't runs
+    assert "\n- fedcorr: 1 cell not run — (ρ,τ) (0.9,0.5)\n" in md and "fedcorr: 1 cell not run" in out
+    notes = (preset_sweep / "report" / "notes.md").read_text()
+    assert "- fedcorr / (0.9,0.5)" in notes
+    assert "not run" not in notes.split("incomplete run(s)")[1].split("## ")[0]  # placeholders aren't runs
     csv = pd.read_csv(preset_sweep / "report" / "accuracy.csv")
     line = csv[(csv.method == "fedcorr (w/o correction)") & (csv.column == "(0.6,0.5)")].iloc[0]
     assert (line["paper_mean"], line["paper_std"], line["paper_source"]) == (88.0, 0.5, "Fake Table 6")
@@ -230,6 +241,29 @@ def test_reference_columns_ablation_rows_and_missing_cells(preset_sweep: Path, c
     assert csv[csv.column == "(0.4,0)"].set_index("method")["paper_mean"].isna().tolist() == [False, True, True]
     tex = (preset_sweep / "report" / "accuracy.tex").read_text()
     assert "paper 85.00 $\\pm$ 1.00, $\\Delta$ -3.00" in tex
+    # --full-grid: every column of the reference grid, the cell without runs as "missing; paper ..."
+    report.main([str(preset_sweep), "--reference", str(ref), "--figures", "none", "--beside", "none", "--full-grid"])
+    md = (preset_sweep / "report" / "accuracy.md").read_text()
+    assert "| method | (0.4,0) | (0.6,0.5) | (0.8,0.5) | (0.9,0.5) |" in md.splitlines()
+    assert md_rows(md)["fedcorr"].endswith("| missing; paper 91.00 ± 0.30 |")
+
+
+def test_partial_sweep_of_a_big_grid_shows_its_columns_and_one_line_per_method(tmp_path: Path):
+    """A reference grid of 3 models x 7 noise settings with one run: one column, and the 20 cells
+    without runs in one line (count and compact range)."""
+    noise = [(0.0, 0.0), (0.4, 0.0), (0.4, 0.5), (0.6, 0.0), (0.6, 0.5), (0.8, 0.0), (0.8, 0.5)]
+    lines = [REFERENCE.splitlines()[0]] + [f"fedcorr,,digits,{m},iid,{r},{t},,,,best_acc,70,1,T10"
+                                           for m in ("lenet", "resnet18", "vgg11") for r, t in noise]
+    (tmp_path / "ref.csv").write_text("\n".join(lines) + "\n")
+    s = summary("fedcorr", (0.6, 0.5), 0, 0.6, (10, None))
+    s["model"] = "lenet"
+    write_run(tmp_path / "sweep" / "run0", s, 0.6)
+    report.main([str(tmp_path / "sweep"), "--reference", str(tmp_path / "ref.csv"), "--figures", "none"])
+    md = (tmp_path / "sweep" / "report" / "accuracy.md").read_text()
+    assert "| method | (0.6,0.5) | (0.6,0.5) last10_acc |" in md.splitlines()
+    assert ("- fedcorr: 20 cells not run — model lenet, resnet18, vgg11 × (ρ,τ) (0,0), (0.4,0) … (0.8,0.5) "
+            "(7 values) (20 of the 21 combinations)") in md.splitlines()
+    assert len(md.splitlines()) < 25 and (tmp_path / "sweep" / "report" / "notes.md").read_text().count("- fedcorr /") == 20
 
 
 def test_reference_cost_table_with_ratios(preset_sweep: Path):
@@ -257,7 +291,7 @@ def test_reference_found_by_preset_name(preset_sweep: Path, monkeypatch, capsys,
     (preset_sweep.parent / "results" / "reference").mkdir(parents=True)
     (preset_sweep.parent / "results" / "reference" / "fake_table.csv").write_text(REFERENCE)
     report.main([str(preset_sweep), "--figures", "none"])
-    assert "82.00 ± 2.00 (n=2); paper 85.00 ± 1.00, Δ -3.00" in capsys.readouterr().out
+    assert "82.00 ± 2.00 [80.00, 84.00] (n=2); paper 85.00 ± 1.00, Δ -3.00" in capsys.readouterr().out
     (preset_sweep.parent / "bad.csv").write_text("method,mean\nfedavg,1\n")
     assert report.main([str(preset_sweep), "--reference", str(preset_sweep.parent / "bad.csv")]) == 2
 
@@ -321,7 +355,10 @@ def test_missing_seeds_and_effective_value_warnings(tmp_path, caplog):
     assert warnings == ["NOTE (0,0): the rows used different local-training values (each method's own, "
                         "from summary.json `effective`) — lr: 0.01 (median); 0.05 (fedavg)"]
     md = report.write_report(frame, tmp_path / "out", figures="none")
-    assert "missing seeds 1" in md and warnings[0] in md
+    assert "- 2 cell(s) with fewer complete seeds than the table: median / (0,0): n=1, missing seeds 1; poc" in md
+    assert "- 1 column(s) whose rows used different local-training values (lr" in md
+    notes = (tmp_path / "out" / "notes.md").read_text()
+    assert "missing seeds 1" in notes and warnings[0] in notes
 
 
 def test_detection_noise_and_comm_latex_outputs(sweep: Path):
@@ -383,3 +420,139 @@ def test_setting_holds_only_the_options_its_kinds_read(part, noise, expected):
     extras = {k: v for k, v in setting.items() if k in EXTRAS["partition"] + EXTRAS["noise"]}
     assert extras == expected
     assert setting["alpha"] == (part["alpha"] if part["kind"] in ("noniid", "dirichlet") else None)
+
+
+# ---------------------------------------------------------------- balanced accuracy, bad input
+
+
+def test_balanced_metric_builds_every_table_from_it(sweep: Path, capsys, caplog):
+    """--metric balanced_acc: best_balanced_acc beside last10_balanced_acc, costs from
+    cost_to_target_balanced, curves from metrics.jsonl's balanced_acc; a run written before the
+    runner recorded it is one line, not a crash."""
+    paths = sorted(p for p in sweep.rglob("summary.json") if "broken" not in p.parts)
+    for i, path in enumerate(paths):
+        s = json.loads(path.read_text())
+        if i == 0:  # an old summary: no balanced keys
+            continue
+        s.update(best_balanced_acc=s["best_acc"] - 0.1, final_balanced_acc=s["final_acc"] - 0.1,
+                 last10_balanced_acc=s["last10_acc"] - 0.1, cost_to_target_balanced={"0.5": 999, "0.8": None})
+        path.write_text(json.dumps(s))
+        rows = [json.loads(x) for x in (path.parent / "metrics.jsonl").read_text().splitlines()]
+        (path.parent / "metrics.jsonl").write_text("".join(json.dumps({**r, "balanced_acc": r["acc"] / 2}) + "\n"
+                                                          for r in rows))
+    with caplog.at_level(logging.WARNING):
+        assert report.main([str(sweep), "--metric", "balanced_acc"]) == 0
+    out = sweep / "report"
+    md = (out / "accuracy.md").read_text()
+    assert md.startswith("best_balanced_acc in % | last10_balanced_acc in %: mean ± std")
+    assert "(0.6,0.5) last10_balanced_acc |" in md.splitlines()[2]
+    old = str(paths[0].parent)
+    assert "1 of 8 complete run(s) have no best_balanced_acc, last10_balanced_acc in summary.json" in md
+    assert old in (out / "notes.md").read_text() and caplog.text.count("have no best_balanced_acc") == 1
+    csv = pd.read_csv(out / "accuracy.csv")
+    assert set(csv["metric"]) == {"best_balanced_acc", "last10_balanced_acc"}
+    fedcorr = csv[(csv.method == "fedcorr") & (csv.column == "(0.6,0.5)") & (csv.metric == "best_balanced_acc")]
+    assert fedcorr["mean"].item() == pytest.approx(77.0)  # 87 - 10 points
+    comm = pd.read_csv(out / "comm.csv")
+    assert set(comm["curve"]) == {"balanced_acc"} and 999 in comm["mean"].tolist()
+    assert "Communication cost to reach 50% balanced test accuracy" in (out / "comm.md").read_text()
+    assert "best_balanced_acc" in (out / "accuracy.tex").read_text().splitlines()[0]
+    lines = report.curves(report.load_summaries(sweep), curve="balanced_acc")
+    np.testing.assert_allclose(lines["(0.6,0.5)"]["fedcorr"][1][-1], 87.0 / 2)
+    page = (out / "report.html").read_text()
+    assert "best_balanced_acc, last10_balanced_acc" in page and "cost_to_target_balanced" in page
+    # explicit keys work too, and the plain metric still reads the old run
+    assert report.main([str(sweep), "--metric", "final_balanced_acc", "--beside", "none", "--figures", "none"]) == 0
+    assert (out / "accuracy.md").read_text().startswith("final_balanced_acc in %: mean")
+    assert report.main([str(sweep), "--figures", "none"]) == 0
+    assert "have no" not in (out / "accuracy.md").read_text()
+
+
+def _refused(capsys, argv) -> str:
+    assert report.main(argv) == 2
+    out = capsys.readouterr().out.strip().splitlines()
+    assert len(out) == 1 and out[0].startswith("fedlnl-report: error: "), out
+    return out[0]
+
+
+def test_bad_input_is_one_line_and_exit_code_2(tmp_path: Path, sweep: Path, capsys):
+    (tmp_path / "empty").mkdir()
+    assert "no run directories" in _refused(capsys, [str(tmp_path / "empty")])
+    assert "is not a directory" in _refused(capsys, [str(tmp_path / "nowhere")])
+    assert "--alpha=1.5 is invalid" in _refused(capsys, [str(sweep), "--alpha", "1.5"])
+    other = REFERENCE.replace("digits", "cifar100")
+    (tmp_path / "other.csv").write_text(other)
+    assert "matches no run" in _refused(capsys, [str(sweep), "--reference", str(tmp_path / "other.csv")])
+    (tmp_path / "bad.csv").write_text("method,mean\nfedavg,1\n")
+    assert "lacks the columns" in _refused(capsys, [str(sweep), "--reference", str(tmp_path / "bad.csv")])
+
+
+def test_corrupt_files_and_single_seeds_never_give_a_p_value(tmp_path: Path, capsys):
+    """Every summary corrupt or truncated, a metrics.jsonl cut mid-line, methods with one seed each:
+    a report that says "not enough runs" and marks nothing."""
+    root = tmp_path / "sweep"
+    write_run(root / "a", summary("fedavg", (0.4, 0.0), 0, 0.8, (10, None)), 0.8)
+    write_run(root / "b", summary("fedcorr", (0.4, 0.0), 1, 0.7, (10, None)), 0.7)  # another seed: no pair
+    write_run(root / "c", None, 0.5)
+    (root / "c" / "summary.json").write_bytes(b"\x00\xff{")
+    with open(root / "a" / "metrics.jsonl", "a") as f:
+        f.write('{"round": 11, "acc"')
+    assert report.main([str(root)]) == 0
+    md = (root / "report" / "accuracy.md").read_text()
+    assert "no † marks: not enough runs" in md and "†" not in md.split("\n\n")[1]
+    assert "Friedman test: not enough runs" in md
+    stats_json = json.loads((root / "report" / "stats.json").read_text())
+    assert all(r["p"] is None for r in stats_json["against_best"])
+    only_bad = tmp_path / "bad"
+    write_run(only_bad / "x", None, 0.5)
+    (only_bad / "x" / "summary.json").write_text("{")
+    assert report.main([str(only_bad), "--figures", "none"]) == 0  # a table of what is missing, no crash
+    capsys.readouterr()
+
+
+def test_report_cli_prints_no_traceback(tmp_path: Path):
+    import subprocess
+    import sys
+
+    (tmp_path / "empty").mkdir()
+    res = subprocess.run([sys.executable, "-m", "fedlnl.benchmark.report.cli", str(tmp_path / "empty")],
+                         capture_output=True, text=True)
+    assert res.returncode == 2 and "Traceback" not in res.stderr + res.stdout
+    assert res.stdout.strip() == f"fedlnl-report: error: no run directories (summary.json or metrics.jsonl) below {tmp_path / 'empty'}"
+
+
+def test_wandb_report_run_in_the_sweeps_group(sweep: Path, monkeypatch, capsys):
+    """Runs that logged to W&B (offline): the report logs one run "report" into their group, with
+    its tables and figures; `--wandb off` logs nothing."""
+    pytest.importorskip("wandb")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    for path in sweep.rglob("summary.json"):
+        try:
+            s = json.loads(path.read_text())
+        except ValueError:
+            continue
+        s["config"].update(name="mysweep", logger={"kind": "wandb", "mode": "offline", "project": "fedlnl"})
+        path.write_text(json.dumps(s))
+    frame = report.load_summaries(sweep)
+    from fedlnl.benchmark.report import wandb_log
+
+    assert wandb_log.target(frame, sweep) == {"project": "fedlnl", "entity": None, "mode": "offline",
+                                       "group": f"mysweep/{sweep.name}"}  # the runner's "<name>/<sweep dir>"
+    assert report.main([str(sweep), "--wandb", "off"]) == 0
+    assert not (sweep / "report" / "wandb").exists()
+    assert report.main([str(sweep)]) == 0
+    out = capsys.readouterr().out
+    assert f"W&B: report run logged offline in group mysweep/{sweep.name}; upload with `wandb sync " in out
+    (run,) = (sweep / "report" / "wandb").glob("offline-run-*")
+    import time
+
+    for _ in range(60):  # W&B's service writes the offline log asynchronously after finish()
+        log = next(run.glob("*.wandb")).read_bytes()
+        if b"figures/cd_diagram" in log:
+            break
+        time.sleep(0.5)
+    for key in (b"tables/accuracy", b"tables/ranks", b"tables/win_tie_loss", b"figures/acc_vs_cost",
+                b"figures/cd_diagram", b"mysweep/" + sweep.name.encode()):
+        assert key in log, key
+    assert list((run / "files" / "media" / "images" / "figures").glob("acc_vs_cost_*.png"))

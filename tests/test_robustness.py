@@ -312,7 +312,8 @@ def test_a_test_loss_of_exactly_zero_is_not_divergence(tmp_path, monkeypatch):
     from fedlnl.methods.common import engine
 
     monkeypatch.setattr(engine, "evaluate", lambda *a, **k: engine.Evaluation(1.0, 0.0, 1.0, [1.0] * 10))
-    assert run_tiny(tmp_path, ["fl.rounds=2"])["status"] == "complete"
+    s = run_tiny(tmp_path, ["fl.rounds=2"])
+    assert s["status"] == "complete" and s["best_acc"] == 1.0 and s["best_balanced_acc"] == 1.0
 
 
 def test_an_exploding_run_is_diverged_not_complete(tmp_path):
@@ -374,6 +375,18 @@ def test_dry_run_of_a_single_run_prints_its_plan_and_trains_nothing(tmp_path):
     assert code == 0, err[-2000:]
     assert "fedcorr seed 0: 16 rounds, ≤24 client participations, ≤192 local steps" in out
     assert "dry_run=true: nothing was trained or written" in out and not any(tmp_path.iterdir())
+
+
+def test_a_plan_without_the_data_lists_the_cells_and_says_why(tmp_path):
+    """A plan may be made where the data is not (a login node): the cells are listed without figures;
+    the same sweep, run, is refused."""
+    args = ["-m", "method=fedavg,fedprox", "dataset=folder", "dataset.root=/nonexistent/fedlnl", "logger=none",
+            "device=cpu", "fl.rounds=1", f"hydra.sweep.dir={tmp_path / 'sweep'}"]
+    code, out, err = cli([*args, "dry_run=true"], tmp_path)
+    assert code == 0, err[-2000:]
+    assert out.count("no plan: data not available here") == 2 and "/nonexistent/fedlnl" in out
+    assert not any(tmp_path.iterdir())
+    assert_sweep_refused(cli(args, tmp_path), "/nonexistent/fedlnl", 2, 2, tmp_path)
 
 
 # ------------------------------------------------------------------------- sweeps checked whole
@@ -458,6 +471,15 @@ def test_an_output_path_that_cannot_be_written_is_refused(tmp_path, obstacle):
     errors = [ln for ln in (out + err).splitlines() if "error:" in ln]
     assert code == 2 and len(errors) == 1 and expected in errors[0], errors
     assert sorted(p.name for p in tmp_path.rglob("*")) == before
+
+
+def test_a_sweep_directory_that_cannot_be_created_is_refused(tmp_path):
+    (tmp_path / "results").write_text("not a directory")
+    code, out, err = cli(["-m", "method=fedavg,fedprox", *TINY, f"hydra.sweep.dir={tmp_path / 'results' / 'sweep'}"],
+                         tmp_path)
+    errors = [ln for ln in (out + err).splitlines() if "error:" in ln]
+    assert code == 2 and errors == [f"fedlnl-run: error: hydra.sweep.dir={tmp_path / 'results' / 'sweep'} cannot "
+                                    f"be created: {tmp_path / 'results'} is a file, not a directory"], errors
 
 
 def test_a_refusal_removes_only_what_this_process_made(tmp_path, monkeypatch):

@@ -15,7 +15,7 @@ import inspect
 from collections.abc import Mapping
 
 from fedlnl.benchmark.validate import ConfigError
-from fedlnl.methods.common.protocol import FL_FIELDS, FLSettings
+from fedlnl.methods.common.protocol import FL_FIELDS, OPTIMIZERS, FLSettings, unread_key
 
 #: nested method configs a method takes as a built object (FedCorr's stage 3)
 NESTED = ("stage3",)
@@ -38,9 +38,15 @@ def method_file(target: str) -> str:
 
 
 def fl_settings(fl: Mapping, node: Mapping) -> FLSettings:
-    """The shared ``fl`` values with the method node's non-null pins applied."""
+    """The shared ``fl`` values with the method node's non-null pins applied; the key the chosen
+    optimiser does not read (``momentum`` of adam, ``betas`` of sgd) becomes None."""
     values = {k: fl[k] for k in FL_FIELDS}
     values.update({k: node[k] for k in FL_FIELDS if node.get(k) is not None})
+    unread = unread_key(values["optimizer"])  # an unknown name is refused by the validator
+    if unread is not None:
+        values[unread] = None
+    if values["betas"] is not None:
+        values["betas"] = tuple(values["betas"])
     return FLSettings(**values)
 
 
@@ -90,8 +96,12 @@ def _nodes(method, node: Mapping, path: str = "method"):
 
 
 def check_typed(typed: Mapping[str, str], method, node: Mapping, family: str | None) -> None:
-    """Refuse a typed ``fl.X`` that cannot take effect: shadowed by a method pin the user did not
-    also type, or not read by the method at all (``fl_unused``)."""
+    """Refuse a typed ``fl.X`` that cannot take effect: shadowed by a method pin of a different
+    value that the user did not also type, not read by the method at all (``fl_unused``), or not
+    read by the optimiser it trains with (``momentum`` of adam, ``betas`` of sgd; also as a method
+    pin ``method.X``). A typed value equal to the pin takes effect as typed, so it is accepted."""
+    for path, sub, obj in _nodes(method, node):
+        check_optimizer_keys(typed, path, sub, obj, family)
     for key, value in typed.items():
         if not key.startswith("fl."):
             continue
@@ -101,10 +111,40 @@ def check_typed(typed: Mapping[str, str], method, node: Mapping, family: str | N
             if field in unused:
                 raise ConfigError(f"{key}={value} does not apply to {type(obj).__name__}: {unused[field]}")
             pinned = sub.get(field) if field in FL_FIELDS else None
-            if pinned is not None and f"{path}.{field}" not in typed:
+            if pinned is not None and f"{path}.{field}" not in typed and not same_value(value, pinned):
                 where = f"{type(obj).__name__} on {family}, {method_file(sub['_target_'])}"
                 raise ConfigError(f"{key}={value} is shadowed by {path}.{field}={pinned} ({where}): "
                                   f"set {path}.{field}=... to change it")
+
+
+def same_value(typed: str, pinned) -> bool:
+    """Whether a typed command-line value equals a pinned one (``0.01``, ``1e-2`` and ``.01`` all
+    equal a pin of 0.01; a non-number compares as text)."""
+    if isinstance(pinned, (list, tuple)):  # betas=[0.9,0.999]
+        return str(typed).replace(" ", "") == str(list(pinned)).replace(" ", "")
+    if isinstance(pinned, bool) or not isinstance(pinned, (int, float)):
+        return str(typed).strip().lower() == str(pinned).lower()
+    try:
+        return float(typed) == float(pinned)
+    except ValueError:
+        return False
+
+
+def check_optimizer_keys(typed: Mapping[str, str], path: str, node: Mapping, method, family: str | None) -> None:
+    """A typed ``fl.momentum`` / ``fl.betas`` (or its pin ``<path>.momentum`` / ``<path>.betas``) that
+    the method's optimiser does not read is refused, naming where the optimiser is set (a typed null
+    says the same as the optimiser and passes)."""
+    name = method.fl.optimizer
+    field = unread_key(name)
+    typed_key = next((k for k in (f"{path}.{field}", f"fl.{field}") if k in typed), None)
+    if field is None or typed_key is None or typed[typed_key] == "null":
+        return
+    owner = path if node.get("optimizer") is not None else "fl"  # a method pin, or the shared value
+    where = f"{owner}.optimizer={name}"
+    if owner != "fl":
+        where += f" ({type(method).__name__} on {family}, {method_file(node['_target_'])})"
+    raise ConfigError(f"{typed_key}={typed[typed_key]} does not apply to {where}: {name} reads "
+                      f"{OPTIMIZERS[name]}, not {field} (set {owner}.optimizer=... to change it)")
 
 
 def total_rounds(method, info, rounds: int) -> int:

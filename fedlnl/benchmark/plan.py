@@ -45,7 +45,14 @@ def plan_run(method, info: FederationInfo, model: torch.nn.Module, total: int, s
     for rnd in range(total):
         ctx = RoundContext(round=rnd, total_rounds=total, seed=seed, device=torch.device("cpu"),
                            num_clients=info.num_clients, client_sizes=info.client_sizes)
-        drawn = planned_clients(method, ctx)
+        try:
+            drawn = planned_clients(method, ctx)
+        except (TypeError, KeyError, AttributeError) as err:  # sample_clients read the state it was not given
+            from fedlnl.benchmark.validate import ConfigError
+
+            raise ConfigError(f"cannot plan {name}: its sample_clients needs the training state "
+                              f"({type(err).__name__}: {err}); give it a plan_clients(ctx) hook "
+                              "(fedlnl.methods.common.protocol)") from err
         plan.participations += drawn.count
         if not drawn.exact:
             _bound(plan, ("participations", "local_steps", "bytes_up"),

@@ -46,7 +46,8 @@ def panel_title(label: str) -> str:
     return re.sub(r"\(([^,()]+),([^,()]+)\)", r"ρ=\1, τ=\2", label, count=1)
 
 
-def plot_acc_vs_cost(curves: dict, path: str | Path, references: dict | None = None) -> Path:
+def plot_acc_vs_cost(curves: dict, path: str | Path, references: dict | None = None,
+                     ylabel: str = "test accuracy (%)") -> Path:
     """Test accuracy (%) vs communication cost: one panel per column label, one line per row.
 
     ``curves`` is {panel title: {line name: (cost array, accuracy array)}}; ``references`` is
@@ -67,7 +68,7 @@ def plot_acc_vs_cost(curves: dict, path: str | Path, references: dict | None = N
         ax.set_title(panel_title(title), fontsize=10)
         ax.set_xlabel("communication cost (client participations)")
         ax.grid(alpha=0.3)
-    axes[0].set_ylabel("test accuracy (%)")
+    axes[0].set_ylabel(ylabel)
     central = {n for lines in references.values() for n in lines}
     handles = [Line2D([], [], color=styles[n][0], ls=styles[n][1], lw=1.5,
                       label=f"{n} (no communication: final acc.)" if n in central else str(n)) for n in names]
@@ -106,7 +107,7 @@ def stage_spans(cost: np.ndarray, stages: list) -> list[tuple[str, float, float]
     return [(str(s), float(a), float(b)) for s, a, b in spans]
 
 
-def plot_run_curve(cost, acc, stages, path: str | Path, title: str = "") -> Path:
+def plot_run_curve(cost, acc, stages, path: str | Path, title: str = "", ylabel: str = "test accuracy (%)") -> Path:
     """Test accuracy (%) vs communication cost of one run, each training stage shaded and named
     at the top, with a dashed line where a stage starts (FedCorr Fig. 9)."""
     cost, acc = np.asarray(cost, float), np.asarray(acc, float)
@@ -125,7 +126,7 @@ def plot_run_curve(cost, acc, stages, path: str | Path, title: str = "") -> Path
         best = int(np.nanargmax(acc))
         ax.plot(cost[best], acc[best], "r*", ms=9, label=f"best {acc[best]:.2f}%")
     ax.set_xlabel("communication cost (client participations)")
-    ax.set_ylabel("test accuracy (%)")
+    ax.set_ylabel(ylabel)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="best")
     return _save(fig, path, title)
@@ -339,4 +340,52 @@ def plot_noise_realised(requested, realised, noisy_client, path: str | Path, tit
     _against_identity(right, mu[known], real[known], "realised = requested",
                       f"{int(known.sum())} clients, largest gap {gap:.3f}",
                       "requested noise level μ_k", "realised noise level")
+    return _save(fig, path, title)
+
+
+def cd_cliques(mean_rank: dict, cd: float) -> list[tuple[int, int]]:
+    """Maximal runs (i, j) of methods in rank order whose mean ranks differ by less than ``cd``
+    (no significant difference between any two of them), as index pairs with j > i."""
+    values = sorted(mean_rank.values())
+    spans = []
+    for i in range(len(values)):
+        j = i
+        while j + 1 < len(values) and values[j + 1] - values[i] < cd:
+            j += 1
+        if j > i and not any(a <= i and j <= b for a, b in spans):
+            spans.append((i, j))
+    return spans
+
+
+def plot_cd_diagram(mean_rank: dict, cd: float | None, path: str | Path, title: str = "") -> Path:
+    """Critical-difference diagram (Demšar 2006, Fig. 1): methods placed at their mean rank on an
+    axis from 1 (best) to k, labels to the left (better half) and right; a thick bar joins methods
+    whose mean ranks differ by less than the critical difference ``cd`` (drawn at the top). Without
+    ``cd`` (not enough cells for a test) the ranks alone are drawn."""
+    names = sorted(mean_rank, key=lambda n: (mean_rank[n], str(n)))
+    k = len(names)
+    half = math.ceil(k / 2)
+    fig, (ax,) = _single(size=(7.2, 1.6 + 0.28 * half))
+    ax.set_xlim(0.2, k + 0.8)
+    ax.set_ylim(-(half + 1.2), 1.6)
+    ax.axis("off")
+    ax.hlines(0, 1, k, color="k", lw=1)
+    for r in range(1, k + 1):
+        ax.vlines(r, 0, 0.15, color="k", lw=1)
+        ax.text(r, 0.25, str(r), ha="center", va="bottom", fontsize=8)
+    for i, name in enumerate(names):
+        x = mean_rank[name]
+        left = i < half
+        level = -(i + 1 if left else k - i) * 0.9 - 0.3
+        end = 0.4 if left else k + 0.6
+        ax.plot([x, x, end], [0, level, level], color="0.3", lw=0.8)
+        ax.text(end + (-0.05 if left else 0.05), level, f"{name} ({x:.2f})", ha="right" if left else "left",
+                va="center", fontsize=8)
+    if cd is not None:
+        ax.plot([1, 1 + cd], [1.15, 1.15], color="k", lw=1.5)
+        ax.text(1 + cd / 2, 1.25, f"CD = {cd:.2f}", ha="center", va="bottom", fontsize=8)
+        ordered = [mean_rank[n] for n in names]
+        for line, (i, j) in enumerate(cd_cliques(mean_rank, cd)):
+            y = -0.25 - 0.18 * line
+            ax.plot([ordered[i] - 0.03, ordered[j] + 0.03], [y, y], color="k", lw=3, solid_capstyle="butt")
     return _save(fig, path, title)

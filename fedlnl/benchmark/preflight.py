@@ -125,6 +125,12 @@ def check_data(cfg, num_train: int) -> None:
     validate(cfg, num_train=num_train)
 
 
+class DataUnavailable(ConfigError):
+    """The dataset cannot be loaded on this machine (missing, not downloadable from here). A run
+    refuses; a plan lists the cell without figures; a SLURM sweep leaves the check to its tasks
+    (the data may live on the compute nodes only)."""
+
+
 @dataclass
 class Cell:
     """A cell built up to the point where training starts: everything the data-dependent checks
@@ -142,10 +148,17 @@ def build_cell(cfg, method, model_label: str, device="cpu", models: dict | None 
     memoises models by config and data shape (a sweep's checks; a run builds its own)."""
     from fedlnl.datasets.federation import build_federation, load_source
 
+    where = None if models is None else "source:" + json.dumps(OmegaConf.to_container(cfg.dataset, resolve=True),
+                                                             sort_keys=True, default=str)
+    if where in (models or {}):  # a sweep: a dataset that failed to load fails once, not per cell
+        raise models[where]
     try:
         source = load_source(cfg.dataset)
     except DATA_ERRORS as err:  # missing or broken data: the loader's own sentence
-        raise ConfigError(first_line(err)) from err
+        if models is not None:
+            models[where] = DataUnavailable(first_line(err))
+            raise models[where] from err
+        raise DataUnavailable(first_line(err)) from err
     check_data(cfg, num_train=int(source.y_train.shape[0]))
     try:
         fed = build_federation(cfg.dataset, cfg.partition, cfg.noise, cfg.fl.num_clients, cfg.seed)
@@ -153,7 +166,7 @@ def build_cell(cfg, method, model_label: str, device="cpu", models: dict | None 
         raise ConfigError(first_line(err)) from err
     src = fed.source
     info = FederationInfo(fed.num_clients, fed.num_classes, fed.client_sizes, tuple(src.x_train.shape[1:]),
-                          int(cfg.seed), fed.meta.get("nominal_noise_rate"))
+                          int(cfg.seed), fed.meta.get("nominal_noise_rate"), fed.meta.get("nominal_noisy_share"))
     if models is None:
         model = build_model(cfg, info, model_label, device)
     else:

@@ -477,15 +477,23 @@ def precheck(argv: list[str]) -> int | None:
             check_writable(run_dir, "hydra.run.dir")
         if "${now:" not in template:  # a directory the user chose: it may hold another run
             check_run_dir(run_dir, config_hash(resolved), resolved)
-        cell = preflight.build_cell(job, method, str(cfg.hydra.runtime.choices.get("model", "model")))
+        dry = bool(job.get("dry_run"))
+        try:
+            cell = preflight.build_cell(job, method, str(cfg.hydra.runtime.choices.get("model", "model")))
+        except preflight.DataUnavailable as err:
+            if not dry:
+                raise
+            print(f"{method_label(cfg.hydra)} seed {job.seed}: no plan: the data is not available here ({err}); "
+                  "the plan counts on the real federation\ndry_run=true: nothing was trained or written")
+            return 0
+        p = plan.plan_run(method, cell.info, cell.model, cell.total, int(job.seed)) if dry else None
     except ConfigError as err:
         print(f"fedlnl-run: error: {err}", file=sys.stderr)
         return 2
     finally:
         HydraConfig.instance().cfg = None
         log.removeHandler(shown)
-    if job.get("dry_run"):
-        p = plan.plan_run(method, cell.info, cell.model, cell.total, int(job.seed))
+    if p is not None:
         print(f"{method_label(cfg.hydra)} seed {job.seed}: {plan.describe(p)}")
         for reason in p.bounds:
             print(f"  ≤ {reason}")

@@ -33,7 +33,7 @@ from omegaconf import OmegaConf, open_dict
 
 from fedlnl.benchmark import compose, plan, preflight
 from fedlnl.benchmark.lock import CellLock
-from fedlnl.benchmark.rundir import check_run_dir, completed, config_hash
+from fedlnl.benchmark.rundir import check_run_dir, check_writable, completed, config_hash
 from fedlnl.benchmark.validate import ConfigError
 
 
@@ -46,6 +46,7 @@ class Cell:
     method_name: str = "?"
     built: tuple | None = None  # (method, FederationInfo, model, total rounds, seed): for the plan
     done: dict | None = None  # its final summary, when complete
+    no_data: str | None = None  # why its data cannot be loaded here (a plan or a SLURM sweep goes on)
 
 
 class ValidatingSweeper(BasicSweeper):  # registered as hydra_plugins.fedlnl_sweeper.ValidatingSweeper
@@ -65,9 +66,18 @@ class ValidatingSweeper(BasicSweeper):  # registered as hydra_plugins.fedlnl_swe
             sys.exit(2)
 
         if self.config.get("dry_run"):
-            print_plan(cells)
+            try:
+                print_plan(cells)
+            except ConfigError as err:  # a method the planner cannot walk (no plan hook)
+                print(f"fedlnl-run: error: {err}", file=sys.stderr)
+                sys.exit(2)
             return []
         sweep_dir = Path(self.config.hydra.sweep.dir)
+        try:
+            check_writable(sweep_dir, "hydra.sweep.dir")
+        except ConfigError as err:
+            print(f"fedlnl-run: error: {err}", file=sys.stderr)
+            sys.exit(2)
         sweep_dir.mkdir(parents=True, exist_ok=True)
         OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
         returns, start = [], 0
@@ -99,13 +109,18 @@ class ValidatingSweeper(BasicSweeper):  # registered as hydra_plugins.fedlnl_swe
                 out.append(Cell(overrides, base))
                 continue
             try:
-                out.append(self.check_cell(base, overrides, models, remote))
+                out.append(self.check_cell(base, overrides, models, remote or bool(self.config.get("dry_run"))))
             except ConfigError as err:
                 out.append(Cell(overrides, str(err)))
             except Exception as err:  # noqa: BLE001  (a cell that cannot be built: its reason, not a traceback)
                 out.append(Cell(overrides, preflight.first_line(err)[:300]))
         print(f"[fedlnl] validated {len(cells)} cells ({len(composed)} distinct configs) with their data and "
               f"models in {time.perf_counter() - tic:.1f}s", file=sys.stderr)
+        missing = sorted({c.no_data for c in out if c.no_data})
+        if missing and remote and not self.config.get("dry_run"):
+            for reason in missing:
+                print(f"fedlnl-run: warning: the data cannot be loaded on this machine ({reason}): the cells "
+                      "using it are checked with their data in their tasks", file=sys.stderr)
         return out
 
     def compose(self, overrides: list[str]):
@@ -121,7 +136,9 @@ class ValidatingSweeper(BasicSweeper):  # registered as hydra_plugins.fedlnl_swe
             return preflight.first_line(err)[:300]
         return cfg, method, typed
 
-    def check_cell(self, base, overrides: list[str], models: dict, remote: bool) -> Cell:
+    def check_cell(self, base, overrides: list[str], models: dict, elsewhere: bool) -> Cell:
+        """A cell's checks; ``elsewhere``: a plan, or a sweep whose tasks run on other machines (the
+        data may be there only: a dataset that cannot be loaded here is noted, not refused)."""
         cfg, method, _typed = base
         seed = next((o.split("=", 1)[1] for o in overrides if o.startswith("seed=")), None)
         if seed is not None and int(seed) != int(cfg.seed):  # a cell of the same config with another seed
@@ -137,12 +154,19 @@ class ValidatingSweeper(BasicSweeper):  # registered as hydra_plugins.fedlnl_swe
         cell = Cell(overrides, run_dir=Path(str(cfg.hydra.sweep.dir)) / str(cfg.hydra.sweep.subdir),
                     hash=config_hash(resolved), method_name=_method_label(cfg))
         check_run_dir(cell.run_dir, cell.hash, resolved, key="hydra.sweep.dir")
+        remote = "slurm" in str(self.config.hydra.launcher.get("_target_", "")).lower()
         if not remote:  # a SLURM task runs on another machine: it clamps threads to its allocation
             preflight.check_threads(job)
-        model_label = str(cfg.hydra.runtime.choices.get("model", "model"))
-        built = preflight.build_cell(job, method, model_label, models=models)
-        cell.built = (method, built.info, built.model, built.total, int(job.seed))
         cell.done = completed(cell.run_dir, cell.hash) if job.get("skip_complete", True) else None
+        model_label = str(cfg.hydra.runtime.choices.get("model", "model"))
+        try:
+            built = preflight.build_cell(job, method, model_label, models=models)
+        except preflight.DataUnavailable as err:
+            if not elsewhere:
+                raise
+            cell.no_data = str(err)
+            return cell
+        cell.built = (method, built.info, built.model, built.total, int(job.seed))
         return cell
 
 
@@ -157,6 +181,9 @@ def print_plan(cells: list[Cell]) -> None:
     """Every cell with its cost, which are complete, the totals and the time left."""
     rows, speed, bounds = [], {}, {}
     for c in cells:
+        if c.no_data:
+            rows.append((c, None))
+            continue
         p = plan.plan_run(*c.built)
         for reason in p.bounds:
             bounds.setdefault(c.method_name, reason)
@@ -167,10 +194,16 @@ def print_plan(cells: list[Cell]) -> None:
     print(f"{'cell':<60} {'method':<18} {'rounds':>7} {'participations':>15} {'local steps':>13} "
           f"{'uploaded MB':>12}  status")
     for c, p in rows:
+        status = "complete" if c.done else "to run"
+        if p is None:
+            print(f"{str(c.run_dir)[-60:]:<60} {c.method_name:<18} {'-':>7} {'-':>15} {'-':>13} {'-':>12}  "
+                  f"{status}, no plan: data not available here")
+            continue
         mb = f"{'' if p.exact['bytes_up'] else '≤'}{p.bytes_up / 1e6:,.1f}"
         print(f"{str(c.run_dir)[-60:]:<60} {c.method_name:<18} {p.rounds:>7,} {p.figure('participations'):>15} "
-              f"{p.figure('local_steps'):>13} {mb:>12}  {'complete' if c.done else 'to run'}")
-    todo = [(c, p) for c, p in rows if not c.done]
+              f"{p.figure('local_steps'):>13} {mb:>12}  {status}")
+    unplanned = sorted({c.no_data for c, p in rows if p is None})
+    todo = [(c, p) for c, p in rows if not c.done and p is not None]
     left = plan.Plan(0)
     for _, p in todo:
         left.participations += p.participations
@@ -178,9 +211,14 @@ def print_plan(cells: list[Cell]) -> None:
         left.bytes_up += p.bytes_up
         for key, exact in p.exact.items():
             left.exact[key] = left.exact[key] and exact
-    print(f"{len(rows)} cells, {len(rows) - len(todo)} complete, {len(todo)} to run: "
+    complete = sum(1 for c, _ in rows if c.done)
+    print(f"{len(rows)} cells, {complete} complete, {len(rows) - complete} to run: "
           f"{left.figure('participations')} client participations, {left.figure('local_steps')} local steps, "
-          f"{plan.size(left.bytes_up, left.exact['bytes_up'])} uploaded")
+          f"{plan.size(left.bytes_up, left.exact['bytes_up'])} uploaded"
+          + (f" (without the {sum(1 for c, p in rows if p is None and not c.done)} cells whose data is not "
+             "available here)" if unplanned else ""))
+    for reason in unplanned:
+        print(f"  no plan: the data is not available here ({reason}); the plan counts on the real federation")
     for name, reason in sorted(bounds.items()):
         print(f"  ≤ {name}: {reason}")
     seconds, unknown = 0.0, 0

@@ -12,6 +12,8 @@ from pathlib import Path
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
+from fedlnl.methods.common.protocol import OPTIMIZERS
+
 
 class ConfigError(ValueError):
     """A config value outside its allowed range; the message is one line for the user."""
@@ -95,7 +97,11 @@ def _pair(cfg, key: str, names: tuple[str, str]) -> None:
 
 
 def check_fl(values, prefix: str) -> None:
-    """The shared local-training values (``fl`` or a method's pins of them)."""
+    """The shared local-training values (``fl`` or a method's pins of them). The optimiser key the
+    chosen optimiser does not read (``momentum`` of adam, ``betas`` of sgd) may be null."""
+    optimizer = values.get("optimizer", _MISSING)
+    if optimizer is not _MISSING and optimizer not in OPTIMIZERS:
+        _fail(f"{prefix}optimizer", optimizer, ", ".join(OPTIMIZERS))
     for key, ok, allowed in (
         ("frac", lambda v: 0.0 < v <= 1.0, "a fraction in (0, 1]"),
         ("lr", lambda v: v > 0, "a learning rate > 0"),
@@ -103,8 +109,11 @@ def check_fl(values, prefix: str) -> None:
         ("weight_decay", lambda v: v >= 0, "a weight decay >= 0"),
     ):
         value = values.get(key, _MISSING)
+        if value is None and key == "momentum" and optimizer != "sgd":
+            continue
         if value is not _MISSING and (not is_number(value) or not ok(value)):
             _fail(f"{prefix}{key}", value, allowed)
+    _betas(values.get("betas", _MISSING), f"{prefix}betas", optional=optimizer != "adam")
     for key in ("local_epochs", "batch_size", "eval_batch_size"):
         value = values.get(key, _MISSING)
         if value is not _MISSING and (not is_int(value) or value < 1):
@@ -112,6 +121,16 @@ def check_fl(values, prefix: str) -> None:
     value = values.get("augment", _MISSING)
     if value is not _MISSING and not isinstance(value, bool):
         _fail(f"{prefix}augment", value, "true or false")
+
+
+def _betas(value, key: str, optional: bool) -> None:
+    """Adam's (β1, β2): two numbers in [0, 1); null where the optimiser is not Adam."""
+    if value is _MISSING or (value is None and optional):
+        return
+    items = list(value) if isinstance(value, (list, tuple, ListConfig)) else None
+    if items is None or len(items) != 2 or not all(is_number(v) and 0.0 <= v < 1.0 for v in items):
+        shown = OmegaConf.to_container(value) if isinstance(value, ListConfig) else value
+        _fail(key, list(shown) if isinstance(shown, tuple) else shown, "a pair [β1, β2] of numbers in [0, 1)")
 
 
 def _targets(cfg) -> None:

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from .noise import add_noise, label_space, nominal_rate
+from .noise import add_noise, label_space, nominal_noisy_share, nominal_rate
 from .partition import make_partition
 from .types import Federation, Oracle, Source  # noqa: F401  (Oracle, Source: re-exported for callers)
 
@@ -103,6 +103,9 @@ def _build(source: Source, part: dict, noise: dict, num_clients: int, seed: int)
         # the config's expected noise rate (no labels used), for methods that take it as known
         "nominal_noise_rate": nominal_rate(noise, source.num_classes, source.classes,
                                            real=source.name if source.y_train_clean is not None else None),
+        # the config's share of noisy clients, for methods that assume a known Byzantine share
+        "nominal_noisy_share": nominal_noisy_share(
+            noise, real=source.name if source.y_train_clean is not None else None),
     }
     return Federation(source, clients, labels, oracle, federation_hash(source, clients, labels), meta)
 
@@ -129,6 +132,7 @@ def federation_stats(fed: Federation) -> dict[str, float | int]:
     return {
         "noise_rate": float(o.noisy_mask.double().mean()),
         "nominal_noise_rate": fed.meta.get("nominal_noise_rate"),
+        "nominal_noisy_share": fed.meta.get("nominal_noisy_share"),
         "client_noise_min": float(o.realized_rate.min()),
         "client_noise_max": float(o.realized_rate.max()),
         "num_noisy_clients": int(o.noisy_client.sum()),

@@ -172,6 +172,19 @@ def _changed_share(kind: str, lo: float, hi: float, noise: Mapping, m: int, clas
     raise ValueError(f"noise kind {kind!r} is invalid: allowed {', '.join(GROUP_KINDS)}")
 
 
+def nominal_noisy_share(noise: Mapping, real: str | None = None) -> float:
+    """Share of clients the (resolved) noise config makes noisy, from the config alone (never from
+    labels): rho (E[gamma_k] of Eq. 4) for a synthetic kind, the summed share of a mixed config's
+    noisy groups, 1 for real label noise (``cifarn``, or a dataset whose given labels are noisy:
+    every client's labels then carry it). The Byzantine share robust aggregators assume."""
+    kind = noise.get("kind")
+    if kind in HUMAN_KINDS or real is not None:
+        return 1.0
+    if kind == "mixed":
+        return float(sum(g["share"] for g in check_groups(noise.get("groups")) if g["kind"] != "clean"))
+    return float(noise.get("rho") or 0.0)
+
+
 def nominal_rate_problem(noise: Mapping) -> str | None:
     """Why ``nominal_rate`` would be None for this (resolved) config, as a phrase, or None; checked
     before any data is loaded."""

@@ -156,7 +156,7 @@ class ARFL:
 
     def client_update(self, state, client, ctx):
         return engine.train_from_global(
-            state, client, ctx, **self.fl.sgd())
+            state, client, ctx, **self.fl.training())
 
     def aggregate(self, state, updates, ctx):
         state["global"], coef = irls_aggregate([u.weights for u in updates], self.lam, self.delta)

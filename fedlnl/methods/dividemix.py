@@ -113,7 +113,7 @@ class DivideMix:
         engine.set_weights(nets[1], state["global2"])
         if self._warmup(ctx):
             losses = [engine.local_train(
-                net, client.data, client.indices, client.labels, **self.fl.sgd(),
+                net, client.data, client.indices, client.labels, **self.fl.training(),
                 gen=ctx.generator(key, client.id)) for net, key in zip(nets, ("train", "train2"))]
         else:
             losses = self._local_dividemix(state, nets, client, ctx)
@@ -123,7 +123,8 @@ class DivideMix:
 
     def _local_dividemix(self, state, nets, client, ctx) -> list[float]:
         mem = state["clients"].setdefault(client.id, {"idx": client.indices.clone(), "epochs": 0, "flagged": None})
-        opts = [engine.sgd(net, self.train_lr, self.train_momentum, self.train_weight_decay) for net in nets]
+        optim = self.fl.optim(lr=self.train_lr, momentum=self.train_momentum, weight_decay=self.train_weight_decay)
+        opts = [engine.optimizer(net, optim) for net in nets]
         gen, rng = ctx.generator("train", client.id), ctx.rng("gmm", client.id)
         losses = []
         for _ in range(self.train_local_epochs):

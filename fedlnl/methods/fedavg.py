@@ -26,7 +26,7 @@ class FedAvg:
 
     def client_update(self, state, client, ctx):
         return engine.train_from_global(
-            state, client, ctx, **self.fl.sgd())
+            state, client, ctx, **self.fl.training())
 
     def aggregate(self, state, updates, ctx):
         state["global"] = engine.weighted_average(

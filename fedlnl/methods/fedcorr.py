@@ -367,7 +367,7 @@ class FedCorr:
             return loss
 
         return engine.local_train(
-            model, client.data, client.indices, client.labels, gen=gen, loss_fn=loss_fn, **self.fl.sgd())
+            model, client.data, client.indices, client.labels, gen=gen, loss_fn=loss_fn, **self.fl.training())
 
     # ------------------------------------------------------------------ plans (dry_run)
     def plan_clients(self, ctx):

@@ -556,7 +556,7 @@ class FedDiv:
         ``engine.local_train``) on the positions ``select(epoch)`` returns; mean batch loss, nan if
         diverged, None if no step was taken."""
         model.train()
-        opt = engine.sgd(model, self.fl.lr, self.fl.momentum, self.fl.weight_decay)
+        opt = engine.optimizer(model, self.fl.optim())
         total, count = 0.0, 0
         for epoch in range(self.fl.local_epochs):
             pos = select(epoch)

@@ -111,10 +111,11 @@ class FedDyn:
         return ClientUpdate(client.id, new, client.size, train_loss=loss)
 
     def local_solve(self, model, client, lin, a_k, lr, gen) -> float:
-        """Plain local SGD on CE + α_k⟨θ, lin⟩ with weight decay α_k + wd (the official solver's
-        form, optionally clipping the gradient norm before the decay is applied)."""
+        """Local training (``fl.optimizer``, SGD by default) on
+        CE + α_k⟨θ, lin⟩ with weight decay α_k + wd (the official solver's form, optionally clipping
+        the gradient norm before the decay is applied)."""
         model.train()
-        opt = engine.sgd(model, lr, self.fl.momentum, a_k + self.fl.weight_decay)
+        opt = engine.optimizer(model, self.fl.optim(lr=lr, weight_decay=a_k + self.fl.weight_decay))
         params = list(model.parameters())
         total, count = 0.0, 0
         for _ in range(self.fl.local_epochs):

@@ -3,14 +3,14 @@ Class Imbalance and Label Noise Heterogeneity", IJCAI 2023 (arXiv 2305.05230). O
 https://github.com/wnn2000/FedNoRo at commit 6719ad7 (``train_FedNoRo.py``, ``utils/{FedAvg,losses,
 local_training,options,utils}.py``). Facts, hyperparameters and code quirks: methods.md §18.
 
-Sources checked: every statement below about "the code" was read in that commit. Of the paper only the
-abstract and introduction were available as text (no method section, equations or experimental
-details), so comments cite the paper by stage, not by equation number, and the "paper" column of the
-switches is the plain form of each component as the abstract names it (methods.md §18.6): inferred,
-not read.
+Sources: every statement below about "the code" was read in that commit (file:line in methods.md
+§18.5). Of the paper only the abstract and introduction were available as text (no method section,
+equations or experimental details), so no paper passage settles any detail below: **every default is
+the code's**, and comments cite the paper by stage, not by equation number.
 
-Two stages within the FedAvg-equivalent budget ``fl.rounds`` (the code's ``--rounds`` also counts the
-warm-up ``--s1``); m = max(⌊frac·N⌋, 1) clients per round, uniformly without replacement, in both.
+Two stages within ``fl.rounds`` (the code's ``--rounds`` also counts the warm-up ``--s1``);
+m = max(⌊frac·N⌋, 1) clients per round, uniformly without replacement, in both (the code: every client,
+the per-dataset ``frac`` below).
 
 1. **Warm-up** (``warmup_rounds`` = T₁ rounds; methods.md §18.1): FedAvg (n_k-weighted) in which every
    client trains with the logit-adjusted loss (Menon et al., ICLR 2021)
@@ -22,44 +22,58 @@ warm-up ``--s1``); m = max(⌊frac·N⌋, 1) clients per round, uniformly withou
    its logit, as the code; evaluation uses the raw logits).
 2. **Noisy-client detection**, once, with the global model of the last warm-up round (paper stage 1;
    methods.md §18.2): every client's per-class mean loss l_k^c = mean over its samples observed as class
-   c of CE(f(x; w_g), c) forms a vector l_k ∈ R^C. A class a client lacks takes the smallest value of
-   that class over the other clients (the code's ``nanmin``); each class column is min-max normalised
-   over the clients; a 2-component GMM (scikit-learn defaults, full covariance) is fitted on the N × C
-   matrix and the clients of the component with the larger sum of means are noisy (the code's
-   ``argmax(means_.sum(1))``). Decisions go to ``ctx.report_clients(is_noisy=...)`` for every client.
+   c of CE(f(x; w_g), c) forms a vector l_k ∈ R^C, computed on augmented views in eval mode
+   (``detect_augment``: the code's pass reads the training transform). A class a client lacks takes the
+   smallest value of that class over the other clients (the code's ``nanmin``); each class column is
+   min-max normalised over the clients; ``gmm_votes`` = 9 two-component GMMs (scikit-learn defaults,
+   full covariance) with random_state 0..8 (``gmm_seeds: fixed``) are fitted on the N × C matrix; in
+   each, the clients of the component with the larger sum of means are noisy (``argmax(means_.sum(1))``),
+   and the noisy set found most often wins (ties: the first). Decisions go to
+   ``ctx.report_clients(is_noisy=...)`` for every client.
 3. **Noise-robust training** (the remaining ``fl.rounds − T₁`` rounds, paper stage 2; methods.md
    §18.3): clean clients keep L_LA; noisy clients minimise (1 − λ)·L_LA + λ·L_KD with
    L_KD = KL(softmax(f(x; w_g)/T) ‖ p_student), the global model received this round as the teacher
-   (eval mode, same augmented batch; the student trains in train mode). λ follows the code's sigmoid
-   ramp-up (Laine & Aila 2017) λ(t) = a·exp(−5(1 − s)²), s = clip((t − T₁)/R, 0, 1), a = ``lambda_`` =
-   0.8 and R = ``rampup_rounds`` (code: ``--begin 10 --end 49``, R = 39, rounds counted from the start
-   of the run); ``lambda_rampup: false`` keeps λ = a. The server aggregates with **DaAgg** (methods.md
-   §18.4): D_k = 0 for a clean client, D_k = min_{j clean} d(w_k, w_j) for a noisy one,
-   D̂_k = D_k / max_j D_j, and w_g = Σ_k n_k·e^{−D̂_k}·w_k / Σ_k n_k·e^{−D̂_k} over every state-dict
-   entry (BatchNorm statistics included, as the code).
+   (eval mode, same augmented batch; the student trains in train mode) and, as the code's ``LA_KD``,
+   log p_student = log softmax(f(x) + τ·log π_k) with −∞ entries set to 0 (``kd_student: adjusted``).
+   λ follows the code's sigmoid ramp-up (Laine & Aila 2017) λ(t) = a·exp(−5(1 − s)²),
+   s = clip((t − t₀)/R, 0, 1), t the 0-based round of the run, a = ``lambda_`` = 0.8,
+   t₀ = ``rampup_begin`` (the code's ``--begin``, independent of T₁) and R = ``rampup_rounds``
+   (``--end − --begin`` = 39); ``lambda_rampup: false`` keeps λ = a. The server aggregates with
+   **DaAgg** (methods.md §18.4): D_k = 0 for a clean client, D_k = min_{j clean} d(w_k, w_j) for a
+   noisy one, d = Σ over the floating state-dict entries of ‖w_k[e] − w_j[e]‖₂ (``distance:
+   sum_of_norms``, the code's ``model_dist``), D̂_k = D_k / max_j D_j, and
+   w_g = Σ_k n_k·e^{−D̂_k}·w_k / Σ_k n_k·e^{−D̂_k} over every state-dict entry (BatchNorm statistics
+   included, as the code).
 
-Fidelity switches (``${fidelity:<paper>,<reference>}``; ``fidelity=reference`` flips all). The paper
-column is inferred (see above); the reference column is the code.
+Local training: the optimiser of the ``fl`` group (``fl.optimizer``) with the YAML's per-dataset pins.
+``fidelity=reference`` pins the code's Adam (lr 3e-4, betas (0.9, 0.999), weight decay 5e-4, coupled
+L2), batch 16 and 5 local epochs on every dataset; the default keeps the suite's shared local training
+on the suite's datasets (a comparison holds local training equal across methods, as FedCorr's and
+FedDiv's baselines were run), and the code's values on the code's own datasets (the ``ich`` /
+``isic2019`` columns, e.g. a folder dataset with ``dataset.family=ich``), where ``frac`` is also 1
+(every client every round, as the code). ``frac`` is not pinned on the suite's datasets in either mode:
+``fl.rounds`` × ⌊frac·N⌋ is the suite's FedAvg-equivalent participation budget, which full
+participation would multiply by N/m (10× on CIFAR-10); ``fl.frac=1`` gives it at that cost.
 
-| switch | paper (default) | reference (``fidelity=reference``) | methods.md |
-|---|---|---|---|
-| ``distance`` | ``l2``: d = ‖w_k − w_j‖₂ over the whole model | ``sum_of_norms``: Σ over float state-dict entries of ‖Δ_entry‖₂ (``model_dist``) | §18.6 (1) |
-| ``gmm_votes`` | 1: one GMM decides | 9: nine GMMs (different seeds) vote; the most frequent noisy set wins (ties: the first) | §18.6 (2) |
-| ``kd_student`` | ``plain``: L_KD on the local model's own softmax | ``adjusted``: on log softmax(f(x) + τ·log π_k) with −∞ entries set to 0 (``LA_KD``) | §18.6 (3) |
-| ``detect_augment`` | false: per-class losses on plain images | true: on augmented views (the code's pass reads the training transform), in eval mode | §18.6 (4) |
+Alternatives to the code's forms (settable alone, same in both fidelities; methods.md §18.6):
 
-Plain switches and ablations (same value in both modes)
+| switch | default (the code) | alternative |
+|---|---|---|
+| ``distance`` | ``sum_of_norms`` (``model_dist``) | ``l2``: ‖w_k − w_j‖₂ over the whole model |
+| ``gmm_votes`` | 9 fits, majority vote | 1: one GMM decides |
+| ``gmm_seeds`` | ``fixed``: random_state 0, 1, …, votes − 1 whatever the run seed | ``run``: drawn from the run's seeded stream |
+| ``kd_student`` | ``adjusted`` (``LA_KD``) | ``plain``: KL to the local model's own softmax |
+| ``detect_augment`` | true: augmented views (the training transform), eval mode | false: plain images |
+
+Plain switches and ablations
 - ``kd_temperature`` T = 0.8 (hard-coded in the code's ``train_FedNoRo``) divides the teacher's logits
-  only, with no T² factor, as the code; ``lambda_rampup: true`` / ``rampup_rounds`` are the code's
-  ramp-up.
+  only, with no T² factor, as the code.
 - ``logit_adjust`` (false: plain CE wherever L_LA appears), ``kd`` (false: noisy clients train like
   clean ones), ``daagg`` (false: n_k-weighted FedAvg in stage 2): one flag per component, for ablations.
 
 Implementation notes and deviations (methods.md §18.7)
-- Local training is the suite's (``fl`` group: SGD, ``fl.local_epochs``, ``fl.batch_size``, fresh
-  optimiser per round), as for every method; the code's Adam (lr 3e-4, betas (0.9, 0.999), weight
-  decay 5e-4, batch 16, 5 local epochs, also fresh per round) is not reproduced. The code trains every
-  client every round (frac = 1); here ``fl.frac`` applies (``fl.frac=1`` gives full participation).
+- The augmentation of the detection pass is the dataset's (random crop + flip where it defines one),
+  not the code's ICH / ISIC transform (random affine ±10°, 2% translation, horizontal flip).
 - DaAgg under partial participation: distances are taken to the clean clients *of this round*; a
   round without a clean (or without a noisy) client, or all distances 0, gives the FedAvg weights.
   The code divides by max D = 0 (nan) in the latter cases and fails on an empty clean set.
@@ -69,7 +83,7 @@ Implementation notes and deviations (methods.md §18.7)
   training set.
 - A class no client holds (an all-nan column) becomes 0; a constant column normalises to 0 (the code
   gives nan). With fewer than two clients nothing is flagged.
-- GMM seeds come from ``ctx.rng`` (the code uses random_state 0..8 regardless of the run seed).
+- ``rampup_rounds`` = 0 gives λ = a from ``rampup_begin`` on (the code divides by zero).
 - If detection flags every client, stage 2 trains all of them with the KD loss and DaAgg falls back
   to FedAvg weights (no clean reference model).
 """
@@ -85,26 +99,14 @@ import torch
 import torch.nn.functional as F
 
 from fedlnl.methods.common import checks, engine
+from fedlnl.methods.common.noisyclients import (  # noqa: F401  (the shared pieces, re-exported)
+    DISTANCES, GMM_SEEDS, adjustment, daagg_weights, detect_noisy_clients, gmm_noisy, gmm_seed_list, la_loss,
+    model_distance, normalise_columns, per_class_losses, two_stage_aggregate)
 
-DISTANCES = ("l2", "sum_of_norms")
 KD_STUDENTS = ("plain", "adjusted")
 
 
 # ----------------------------------------------------------------------------------- losses
-def adjustment(labels: torch.Tensor, num_classes: int, tau: float) -> torch.Tensor:
-    """τ·log π_k of a client's observed labels (−∞ for a class it lacks; zeros for τ = 0)."""
-    counts = torch.bincount(labels, minlength=num_classes).float()
-    if tau == 0:
-        return torch.zeros_like(counts)
-    return tau * torch.log(counts / counts.sum())
-
-
-def la_loss(logits, labels, adj):
-    """Logit-adjusted cross-entropy (Menon et al. 2021; FedNoRo stage 1, methods.md §18.1):
-    CE(f(x) + τ·log π, y), ``adj`` = τ·log π (the code's ``LogitAdjust``)."""
-    return F.cross_entropy(logits + adj, labels)
-
-
 def kd_loss(logits, teacher_logits, temperature: float, adj=None):
     """L_KD = KL(softmax(teacher/T) ‖ p_student), batch mean (FedNoRo stage 2, methods.md §18.3). With
     ``adj`` the student is the logit-adjusted log-softmax with −∞ entries replaced by 0 (the code's
@@ -118,6 +120,14 @@ def kd_loss(logits, teacher_logits, temperature: float, adj=None):
     return F.kl_div(log_student, target, reduction="batchmean")
 
 
+def distillation_loss(logits, teacher_logits, labels, adj, lam: float, temperature: float, adjusted_student: bool):
+    """A noisy client's stage-2 loss (1 − λ)·L_LA + λ·L_KD (FedNoRo stage 2, methods.md §18.3): with
+    ``adjusted_student`` the code's ``LA_KD``, whose NLL term on the adjusted log-softmax is L_LA for a
+    label the client holds."""
+    kd = kd_loss(logits, teacher_logits, temperature, adj if adjusted_student else None)
+    return (1.0 - lam) * la_loss(logits, labels, adj) + lam * kd
+
+
 def rampup_weight(rnd: int, begin: int, length: int, a: float) -> float:
     """λ(t) = a·exp(−5(1 − s)²), s = clip((t − begin)/length, 0, 1) (the code's ``sigmoid_rampup``,
     methods.md §18.3; ``length`` 0 = λ = a from the start)."""
@@ -127,88 +137,14 @@ def rampup_weight(rnd: int, begin: int, length: int, a: float) -> float:
     return float(a * math.exp(-5.0 * (1.0 - s) ** 2))
 
 
-# ----------------------------------------------------------------------------------- detection
-def per_class_losses(losses: torch.Tensor, labels: torch.Tensor, num_classes: int) -> np.ndarray:
-    """l_k^c: mean loss of the samples observed as class c (nan where the client has none)."""
-    sums = torch.zeros(num_classes, dtype=torch.float64, device=losses.device)
-    sums.index_add_(0, labels, losses.double())
-    counts = torch.bincount(labels, minlength=num_classes).double()
-    out = (sums / counts.clamp_min(1)).cpu().numpy()
-    out[counts.cpu().numpy() == 0] = np.nan
-    return out
-
-
-def normalise_columns(metrics: np.ndarray) -> np.ndarray:
-    """Missing entries → the column's minimum over the other clients (the code's ``nanmin``), then
-    min-max per class over the clients (methods.md §18.2); an all-missing or constant column becomes 0."""
-    m = np.array(metrics, dtype=np.float64)
-    for j in range(m.shape[1]):
-        col = m[:, j]
-        present = ~np.isnan(col)
-        if not present.any():
-            m[:, j] = 0.0
-            continue
-        col[~present] = col[present].min()
-        span = col.max() - col.min()
-        m[:, j] = (col - col.min()) / span if span > 0 else 0.0
-    return m
-
-
-def gmm_noisy(matrix: np.ndarray, seeds: list[int]) -> tuple[np.ndarray, dict]:
-    """2-component GMM on the clients' loss vectors; noisy = the component with the larger sum of
-    means (methods.md §18.2). With several seeds each fit votes and the most frequent noisy set wins
-    (ties: the first seed's order, as the code). Returns (noisy mask, diagnostics)."""
-    from sklearn.mixture import GaussianMixture
-
-    n = matrix.shape[0]
-    if n < 2:
-        return np.zeros(n, dtype=bool), {"votes": []}
-    sets = []
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # identical rows: k-means finds fewer clusters; harmless
-        for seed in seeds:
-            gmm = GaussianMixture(n_components=2, random_state=int(seed)).fit(matrix)
-            noisy_comp = int(np.argmax(gmm.means_.sum(axis=1)))
-            sets.append(frozenset(np.flatnonzero(gmm.predict(matrix) == noisy_comp).tolist()))
-    counts = Counter(sets)
-    best = max(sets, key=lambda s: (counts[s], -sets.index(s)))
-    mask = np.zeros(n, dtype=bool)
-    mask[sorted(best)] = True
-    return mask, {"votes": [sorted(s) for s in sets]}
-
-
-# ----------------------------------------------------------------------------------- DaAgg
-def model_distance(a: dict, b: dict, form: str) -> float:
-    """d(w_a, w_b) over the floating state-dict entries: ‖w_a − w_b‖₂ of the whole model (``l2``),
-    or Σ_entries ‖Δ_entry‖₂ (``sum_of_norms``, the code's ``model_dist``; methods.md §18.6 (1))."""
-    norms = torch.stack([(a[k].double() - b[k].double()).norm() for k in a if a[k].is_floating_point()])
-    return float(norms.norm() if form == "l2" else norms.sum())
-
-
-def daagg_weights(weights: list[dict], sizes, noisy, form: str) -> np.ndarray:
-    """DaAgg (FedNoRo stage 2, methods.md §18.4): n_k·e^{−D̂_k} normalised, D_k = min over the clean
-    models of d(w_k, w_j) for noisy k, 0 for clean k, D̂ = D / max D. FedAvg weights when there is no
-    clean or no noisy model, or every distance is 0 (methods.md §18.6 (6))."""
-    sizes = np.asarray(sizes, dtype=np.float64)
-    noisy = np.asarray(noisy, dtype=bool)
-    clean = np.flatnonzero(~noisy)
-    D = np.zeros(len(weights))
-    if len(clean):
-        for k in np.flatnonzero(noisy):
-            D[k] = min(model_distance(weights[k], weights[j], form) for j in clean)
-    if D.max() > 0:
-        D = D / D.max()
-    w = sizes * np.exp(-D)
-    return w / w.sum()
-
-
 # ----------------------------------------------------------------------------------- the method
 class FedNoRo:
-    def __init__(self, fl, warmup_rounds, lambda_, lambda_rampup, rampup_rounds, kd_temperature, la_tau,
-                 logit_adjust, kd, daagg, distance, gmm_votes, kd_student, detect_augment):
+    def __init__(self, fl, warmup_rounds, lambda_, lambda_rampup, rampup_begin, rampup_rounds, kd_temperature,
+                 la_tau, logit_adjust, kd, daagg, distance, gmm_votes, gmm_seeds, kd_student, detect_augment):
         checks.integer("warmup_rounds", warmup_rounds, 1)
         checks.number("lambda_", lambda_, lambda v: 0 <= v <= 1, "a loss weight λ in [0, 1]")
         checks.flag("lambda_rampup", lambda_rampup)
+        checks.integer("rampup_begin", rampup_begin, 0)
         checks.integer("rampup_rounds", rampup_rounds, 0)
         checks.number("kd_temperature", kd_temperature, lambda v: v > 0, "a temperature > 0")
         checks.number("la_tau", la_tau, lambda v: v >= 0, "a logit-adjustment scale τ >= 0")
@@ -216,14 +152,16 @@ class FedNoRo:
             checks.flag(key, v)
         checks.choice("distance", distance, DISTANCES)
         checks.integer("gmm_votes", gmm_votes, 1)
+        checks.choice("gmm_seeds", gmm_seeds, GMM_SEEDS)
         checks.choice("kd_student", kd_student, KD_STUDENTS)
         checks.flag("detect_augment", detect_augment)
         self.fl = fl
         self.warmup_rounds, self.lambda_, self.lambda_rampup = warmup_rounds, float(lambda_), lambda_rampup
-        self.rampup_rounds, self.kd_temperature, self.la_tau = rampup_rounds, float(kd_temperature), float(la_tau)
+        self.rampup_begin, self.rampup_rounds = rampup_begin, rampup_rounds
+        self.kd_temperature, self.la_tau = float(kd_temperature), float(la_tau)
         self.logit_adjust, self.kd, self.daagg = logit_adjust, kd, daagg
-        self.distance, self.gmm_votes, self.kd_student = distance, gmm_votes, kd_student
-        self.detect_augment = detect_augment
+        self.distance, self.gmm_votes, self.gmm_seeds = distance, gmm_votes, gmm_seeds
+        self.kd_student, self.detect_augment = kd_student, detect_augment
 
     def total_rounds(self, info, rounds):
         checks.number("warmup_rounds", self.warmup_rounds, lambda v: v < rounds,
@@ -231,9 +169,10 @@ class FedNoRo:
         return int(rounds)
 
     def _weight(self, rnd: int) -> float:
-        """λ of round ``rnd`` (the code counts rounds from the start of the run)."""
+        """λ of round ``rnd``: the ramp starts at ``rampup_begin`` (the code's ``--begin``), counted
+        from the start of the run like the code's rounds, whatever the warm-up length."""
         length = self.rampup_rounds if self.lambda_rampup else 0
-        return rampup_weight(rnd, self.warmup_rounds, length, self.lambda_)
+        return rampup_weight(rnd, self.rampup_begin, length, self.lambda_)
 
     # ------------------------------------------------------------------ hooks
     def init(self, model, info, ctx):
@@ -248,41 +187,29 @@ class FedNoRo:
 
     def client_update(self, state, client, ctx):
         adj = adjustment(client.labels, state["num_classes"], self.la_tau if self.logit_adjust else 0.0)
-        ce_term = lambda out, y: la_loss(out, y, adj)  # noqa: E731  (plain CE when adj = 0)
         distil = state["noisy"] is not None and self.kd and bool(state["noisy"][client.id])
-        if not distil:  # warm-up, or a clean client of stage 2: L_LA
-            return engine.train_from_global(state, client, ctx, loss_fn=lambda m, xb, yb, s, g: ce_term(m(xb), yb),
-                                            **self.fl.sgd())
+        if not distil:  # warm-up, or a clean client of stage 2: L_LA (plain CE when adj = 0)
+            return engine.train_from_global(state, client, ctx, loss_fn=lambda m, xb, yb, s, g: la_loss(m(xb), yb, adj),
+                                            **self.fl.training())
         teacher = state["teacher"]
         engine.set_weights(teacher, state["global"])
         lam = self._weight(ctx.round)
-        student_adj = adj if self.kd_student == "adjusted" else None
 
         def loss_fn(model, xb, yb, step, gen):
             out = model(xb)
             with torch.no_grad():
                 target = teacher(xb)
-            # (1 − λ)·L_LA + λ·L_KD (FedNoRo stage 2; the code's LA_KD, methods.md §18.3)
-            kd = kd_loss(out, target, self.kd_temperature, student_adj)
-            return (1.0 - lam) * ce_term(out, yb) + lam * kd
+            return distillation_loss(out, target, yb, adj, lam, self.kd_temperature, self.kd_student == "adjusted")
 
-        return engine.train_from_global(state, client, ctx, loss_fn=loss_fn, **self.fl.sgd())
+        return engine.train_from_global(state, client, ctx, loss_fn=loss_fn, **self.fl.training())
 
     def aggregate(self, state, updates, ctx):
-        weights, sizes = [u.weights for u in updates], [u.num_samples for u in updates]
-        if state["noisy"] is None:  # warm-up: FedAvg
-            state["global"] = engine.weighted_average(weights, sizes)
-            metrics = {"stage": "warmup"}
-            if ctx.round == self.warmup_rounds - 1:
-                state["noisy"] = self._detect(state, ctx)
-                metrics["noisy_clients"] = float(state["noisy"].sum())
-            return state, metrics
-        noisy = state["noisy"][[u.client for u in updates]]
-        coef = (daagg_weights(weights, sizes, noisy, self.distance) if self.daagg
-                else np.asarray(sizes, dtype=np.float64))
-        state["global"] = engine.weighted_average(weights, coef)
-        return state, {"stage": "training", "lambda": self._weight(ctx.round),
-                       "noisy_in_round": float(noisy.sum())}
+        stage2 = state["noisy"] is not None
+        metrics = two_stage_aggregate(state, updates, ctx, self.warmup_rounds, lambda: self._detect(state, ctx),
+                                      self.daagg, self.distance)
+        if stage2:
+            metrics = {"stage": "training", "lambda": self._weight(ctx.round), **metrics}
+        return state, metrics
 
     def eval_model(self, state):
         engine.set_weights(state["model"], state["global"])
@@ -291,21 +218,6 @@ class FedNoRo:
     # ------------------------------------------------------------------ detection
     def _detect(self, state, ctx) -> np.ndarray:
         """Per-class losses of the global model on every client → normalised → GMM (paper, stage 1)."""
-        model, C = state["model"], state["num_classes"]
-        engine.set_weights(model, state["global"])
-        rows = []
-        for k in range(ctx.num_clients):
-            view = ctx.views(k)
-            # the code's pass reads the training transform (methods.md §18.6 (4)); plain images otherwise
-            gen = ctx.generator("fednoro_detect", k) if self.detect_augment else None
-            logits = engine.predict(model, view.data, view.indices, self.fl.eval_batch_size,
-                                    augment=self.detect_augment, gen=gen)
-            rows.append(per_class_losses(engine.per_sample_loss(logits, view.labels), view.labels, C))
-        raw = np.stack(rows)
-        matrix = normalise_columns(raw)
-        seeds = ctx.rng("fednoro_gmm").integers(2**31 - 1, size=self.gmm_votes).tolist()
-        noisy, info = gmm_noisy(matrix, seeds)
-        ctx.report_clients(is_noisy={k: bool(noisy[k]) for k in range(ctx.num_clients)})
-        ctx.record("detection", {"round": ctx.round + 1, "per_class_loss": np.where(np.isnan(raw), None, raw).tolist(),
-                                 "normalised": matrix.tolist(), "noisy": np.flatnonzero(noisy).tolist(), **info})
-        return noisy
+        return detect_noisy_clients(state["model"], state["global"], ctx, state["num_classes"],
+                                    self.fl.eval_batch_size, self.detect_augment, self.gmm_votes, self.gmm_seeds,
+                                    key="fednoro")

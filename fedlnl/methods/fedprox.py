@@ -56,7 +56,7 @@ class FedProx:
             return loss
 
         return engine.train_from_global(
-            state, client, ctx, loss_fn=loss_fn, **self.fl.sgd())
+            state, client, ctx, loss_fn=loss_fn, **self.fl.training())
 
     def aggregate(self, state, updates, ctx):
         state["global"] = engine.weighted_average(

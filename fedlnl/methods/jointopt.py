@@ -87,14 +87,15 @@ class JointOpt:
         gen = ctx.generator("train", client.id)
         if self._warmup(ctx):  # FedAvg with the shared FL settings
             loss = engine.local_train(
-                model, client.data, client.indices, client.labels, **self.fl.sgd(), gen=gen)
+                model, client.data, client.indices, client.labels, **self.fl.training(), gen=gen)
             return ClientUpdate(client.id, engine.get_weights(model), client.size, train_loss=loss)
 
         mem = state["clients"].get(client.id)
         if mem is None:
             mem = semisup.label_memory(client.indices, client.labels, state["num_classes"], self.window)
             state["clients"][client.id] = mem
-        opt = engine.sgd(model, self.train_lr, self.train_momentum, self.train_weight_decay)
+        opt = engine.optimizer(model, self.fl.optim(lr=self.train_lr, momentum=self.train_momentum,
+                                                    weight_decay=self.train_weight_decay))
         losses, updated = [], False
         for _ in range(self.train_local_epochs):
             batch_losses, probs = semisup.jointopt_epoch(

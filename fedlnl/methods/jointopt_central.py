@@ -64,7 +64,7 @@ class JointOptCentral:
 
     def init(self, model, info, ctx):
         return {"model": model, "init": engine.get_weights(model), "num_classes": info.num_classes,
-                "opt": engine.sgd(model, self.lr, self.fl.momentum, self.fl.weight_decay), "mem": None}
+                "opt": engine.optimizer(model, self.fl.optim(lr=self.lr)), "mem": None}
 
     def sample_clients(self, state, ctx):
         return [ALL_CLIENTS]
@@ -91,7 +91,7 @@ class JointOptCentral:
             first = e < self.epochs
             if not first and e == self.epochs:  # second step: restart from the initial weights
                 engine.set_weights(model, state["init"])
-                state["opt"] = engine.sgd(model, self.second_lr, self.fl.momentum, self.fl.weight_decay)
+                state["opt"] = engine.optimizer(model, self.fl.optim(lr=self.second_lr))
             if not first:
                 for group in state["opt"].param_groups:
                     group["lr"] = self._second_lr(e - self.epochs)

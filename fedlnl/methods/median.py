@@ -35,7 +35,7 @@ class Median:
 
     def client_update(self, state, client, ctx):
         return engine.train_from_global(
-            state, client, ctx, **self.fl.sgd())
+            state, client, ctx, **self.fl.training())
 
     def aggregate(self, state, updates, ctx):
         state["global"] = engine.coordinate_median([u.weights for u in updates])

@@ -100,7 +100,7 @@ class PoC:
 
     def client_update(self, state, client, ctx):
         return engine.train_from_global(
-            state, client, ctx, **self.fl.sgd())
+            state, client, ctx, **self.fl.training())
 
     def aggregate(self, state, updates, ctx):
         counts = [u.num_samples if self.weighted else 1.0 for u in updates]

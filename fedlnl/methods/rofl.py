@@ -248,7 +248,7 @@ class RoFL:
 
         loss = engine.local_train(
             model, client.data, client.indices, torch.stack([client.labels, pseudo], dim=1),
-            **self.fl.sgd(),
+            **self.fl.training(),
             gen=ctx.generator("train", client.id), loss_fn=loss_fn,
         )
         return ClientUpdate(client.id, engine.get_weights(model), client.size,

@@ -38,9 +38,9 @@ a wildcard, except ``variant``: empty = the plain method; an empty ``mean`` of a
 reached, "-"; the dataset is matched on the summary's ``setting.family``, e.g. ``cifar10`` for
 ``cifar10_jpeg``, or for older summaries without it on a legacy alias). Each cell then shows the paper
 value beside ours with Δ = ours − paper (percentage points for accuracy, participations for
-costs) in accuracy.{md,csv,tex} and comm.{md,csv}. Every cell of the reference grid without any
-run is added to the tables as "missing" and listed ("not run") so a partial sweep shows what is
-left to run.
+costs) in accuracy.{md,csv,tex} and comm.{md,csv}. A cell of the reference grid without any run
+is "missing" in a shown column and summarised per row otherwise (below), so a partial sweep shows
+what is left to run.
 
 Figures (``--figures``): ``summary`` (default) draws acc_vs_cost.png and, for one representative
 run (lowest seed) of every table cell, the per-run figures in DIR/report/runs/<row>_<column>_seed<k>/:
@@ -61,18 +61,39 @@ the missing seeds. When the complete runs of a column differ in a local-training
 (``effective.*`` of the summaries, e.g. lr, or stage3.lr for FedCorr+X), one WARNING line per column
 is logged and written under the table. Summaries without ``effective`` or ``setting.family`` work.
 
-Outputs in DIR/report: accuracy.{md,csv,tex} (``--metric`` and, beside it in every column,
-``--beside``, default last10_acc), comm.{md,csv,tex}, detection.{md,csv,tex} (noisy-client P/R/F1,
-μ̂ MAE, relabel accuracy, noise after correction: mean ± std over seeds), noise.{md,csv} (requested vs
-realised noise per column and seed), acc_vs_cost.png (mean test accuracy over seeds vs communication
-cost, one panel per column titled with its axes, e.g. "ρ=0.6, τ=0.5"; rows named ``*_central`` or
-without communication as horizontal lines), runs/*/*.png (also noise_realised.png: requested vs
-realised noise per client). csv files are in long form, accuracies in %.
+Statistics (``stats``; docs/user-guide.md "The report"): per column, every row against the column's
+best by a paired test over the seeds both completed (``--test`` ttest, from 2 pairs, or wilcoxon),
+Holm-corrected, ``--alpha``; the best mean is bold and a row not significantly worse is marked †; a
+95% percentile-bootstrap CI of the mean beside mean ± std. Across the columns: mean ranks, the
+Friedman test and the Nemenyi critical difference (cd_diagram.png), a win/tie/loss matrix, and for
+paper presets Kendall τ between our ordering and the paper's per column and pooled. Too few runs
+for a test: "not enough runs", never a p-value from one seed.
+
+Partial sweeps: only the columns holding a run are shown; the cells of the reference grid without
+runs are one line per row (count and compact range), all listed in notes.md (``--full-grid``: every
+column). Notes: one line per kind under the table (count, cells touched), in full in notes.md.
+
+Metric: ``--metric`` best_acc (default), final_acc, last10_acc or their balanced versions
+(``balanced_acc`` = best_balanced_acc beside last10_balanced_acc, costs from
+cost_to_target_balanced, curves from metrics.jsonl's balanced_acc); runs without the metric are one
+line. Bad input (empty directory, a reference CSV that is malformed or matches no run, bad options):
+one ``fedlnl-report: error:`` line, exit code 2.
+
+Outputs in DIR/report: report.html (self-contained: every table and figure, statistics, notes,
+the commands that made the runs), accuracy.{md,csv,tex} (``--metric`` and, beside it in every
+column, ``--beside``), stats.{md,json}, ranks.csv, wtl.csv, agreement.csv (presets), notes.md,
+comm.{md,csv,tex}, detection.{md,csv,tex} (noisy-client P/R/F1, μ̂ MAE, relabel accuracy, noise
+after correction: mean ± std over seeds), noise.{md,csv} (requested vs realised noise per column and
+seed), acc_vs_cost.png (mean accuracy over seeds vs communication cost, one panel per column titled
+with its axes, e.g. "ρ=0.6, τ=0.5"; rows named ``*_central`` or without communication as horizontal
+lines), cd_diagram.png, runs/*/*.png (also noise_realised.png: requested vs realised noise per
+client). csv files are in long form, accuracies in %. With runs logged to W&B (``--wandb auto``), one
+run "report" in the sweep's W&B group holds the tables, figures and page (``wandb_log``).
 """
 from __future__ import annotations
 
 from fedlnl.benchmark.report.cells import resolve_key, with_columns
-from fedlnl.benchmark.report.cli import METRICS, main, parse_args, write_report
+from fedlnl.benchmark.report.cli import METRICS, main, parse_args, resolve_metric, write_report
 from fedlnl.benchmark.report.figures import FIGURE_MODES, curves, figure_runs, mean_curve, run_figures
 from fedlnl.benchmark.report.loading import load_summaries, read_metrics, row_label
 from fedlnl.benchmark.report.reference import (add_missing_cells, load_reference, matches, read_reference,
@@ -80,7 +101,7 @@ from fedlnl.benchmark.report.reference import (add_missing_cells, load_reference
 from fedlnl.benchmark.report.tables import (accuracy_grid, accuracy_table, comm_markdown, comm_table,
                                             to_latex, to_markdown)
 
-__all__ = ["FIGURE_MODES", "METRICS", "accuracy_grid", "accuracy_table", "add_missing_cells", "comm_markdown",
+__all__ = ["FIGURE_MODES", "METRICS", "resolve_metric", "accuracy_grid", "accuracy_table", "add_missing_cells", "comm_markdown",
            "comm_table", "curves", "figure_runs", "load_reference", "load_summaries", "main", "matches",
            "mean_curve", "parse_args", "read_metrics", "read_reference", "reference_paths", "reference_row",
            "resolve_key", "row_label", "run_figures", "run_identity", "to_latex", "to_markdown",

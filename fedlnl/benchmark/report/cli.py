@@ -2,24 +2,34 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
+import math
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
 
-from fedlnl.benchmark.report.cells import resolve_key, with_columns
+from fedlnl.benchmark import plots
+from fedlnl.benchmark.report import html, stats, wandb_log
+from fedlnl.benchmark.report.cells import NOT_RUN, _canon, _fmt, resolve_key, with_columns
+from fedlnl.benchmark.report.commands import run_commands
 from fedlnl.benchmark.report.figures import FIGURE_MODES, _write_figures
-from fedlnl.benchmark.report.loading import load_summaries
-from fedlnl.benchmark.report.reference import (add_missing_cells, load_reference, missing_cells,
-                                               reference_note, reference_paths)
-from fedlnl.benchmark.report.tables import (accuracy_grid, accuracy_table, comm_latex, comm_markdown,
-                                            comm_table, detection_grid, detection_table, effective_warnings,
-                                            incomplete_runs, missing_seeds, noise_markdown, noise_table,
-                                            to_latex, to_markdown)
+from fedlnl.benchmark.report.loading import ReportInputError, load_summaries
+from fedlnl.benchmark.report.reference import (add_missing_cells, drop_empty_columns, load_reference, matches,
+                                               missing_cells, missing_summary, reference_note, reference_paths,
+                                               run_identity)
+from fedlnl.benchmark.report.tables import (accuracy_grid, accuracy_table, column_values, comm_latex,
+                                            comm_markdown, comm_sections, comm_table, detection_grid,
+                                            detection_table, effective_diffs, effective_warnings, incomplete_runs,
+                                            missing_seeds, noise_markdown, noise_table, stats_caption, to_latex,
+                                            to_markdown)
 
 log = logging.getLogger(__name__)
-METRICS = ("best_acc", "final_acc", "last10_acc")
+METRICS = ("best_acc", "final_acc", "last10_acc", "best_balanced_acc", "final_balanced_acc", "last10_balanced_acc")
+#: ``--metric`` shorthands: (metric, default --beside)
+ALIASES = {"acc": ("best_acc", "last10_acc"), "balanced_acc": ("best_balanced_acc", "last10_balanced_acc")}
 
 #: values ``fidelity=reference`` takes from the official code where the papers publish no setting
 CODE_DEFAULTS = (
@@ -31,38 +41,115 @@ CODE_DEFAULTS = (
 )
 
 
+@dataclass(frozen=True)
+class Metric:
+    """What the tables show: ``main`` (bold, tests, paper values), ``beside`` it, the summaries'
+    cost dict and the metrics.jsonl column the curves are drawn from."""
+    main: str = "best_acc"
+    beside: str | None = "last10_acc"
+
+    @property
+    def balanced(self) -> bool:
+        return "balanced" in self.main
+
+    @property
+    def cost_key(self) -> str:
+        return "cost_to_target_balanced" if self.balanced else "cost_to_target"
+
+    @property
+    def curve(self) -> str:
+        return "balanced_acc" if self.balanced else "acc"
+
+    @property
+    def shown(self) -> list[str]:
+        return [self.main] + ([self.beside] if self.beside not in (None, self.main) else [])
+
+
+def resolve_metric(metric: str, beside: str | None = "auto") -> Metric:
+    """``--metric`` (an alias or a summary key) and ``--beside`` ("auto": last-10 of the same
+    accuracy, "none": nothing) as a :class:`Metric`."""
+    main, auto = ALIASES.get(metric, (metric, "last10_balanced_acc" if "balanced" in metric else "last10_acc"))
+    if beside == "auto":
+        beside = auto
+    return Metric(main, None if beside in (None, "none") else ALIASES.get(beside, (beside,))[0])
+
+
+@dataclass
+class Note:
+    """One kind of note: a line with its count and the cells it touches, and the full list."""
+    kind: str
+    line: str
+    full: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Report:
+    """Everything written, for the Markdown/LaTeX/CSV files, the HTML page and W&B."""
+    title: str
+    metric: Metric
+    caption: str = ""
+    grid: tuple | None = None
+    tables: list = field(default_factory=list)
+    statistics: dict = field(default_factory=dict)
+    missing: list[str] = field(default_factory=list)
+    notes: list[Note] = field(default_factory=list)
+    comm: list = field(default_factory=list)
+    comm_note: str = ""
+    detection: pd.DataFrame | None = None
+    noise: pd.DataFrame | None = None
+    commands: dict = field(default_factory=dict)
+
+
 def write_report(frame: pd.DataFrame, out: Path, rows: str = "method", by: Sequence[str] = (),
-                 metric: str = "best_acc", ratio_to=None, reference: pd.DataFrame | None = None,
-                 figures: str = "summary", beside: str | None = "last10_acc") -> str:
-    """Write every table and plot into ``out``; return the main Markdown table and its notes.
-    ``beside``: a second metric shown next to ``metric`` in every column (None: only ``metric``)."""
+                 metric: str | Metric = "best_acc", ratio_to=None, reference: pd.DataFrame | None = None,
+                 figures: str = "summary", beside: str | None = "auto", *, alpha: float = 0.05,
+                 test: str = "ttest", full_grid: bool = False, source: Path | None = None,
+                 wandb: str = "auto") -> str:
+    """Write every table, statistic and plot into ``out`` (and report.html); return the text
+    printed: the main Markdown table, its caption, the statistics in brief and one line per note."""
     out.mkdir(parents=True, exist_ok=True)
-    frame = add_missing_cells(frame, reference)
-    metrics = [metric] + ([beside] if beside not in (None, metric) else [])
-    tables = [accuracy_table(frame, rows, by, m, reference if m == metric else None) for m in metrics]
-    text, bold = side_by_side([accuracy_grid(t, rows) for t in tables], metrics)
-    about = " | ".join(f"{m} in %" for m in metrics) + ": mean ± std (population, ddof=0) over seeds, n = complete runs"
-    head = f"{about}; best mean per column in bold."
+    metric = metric if isinstance(metric, Metric) else resolve_metric(metric, beside)
+    test_ = stats.Test(test, alpha)
+    full = add_missing_cells(frame, reference)
+    frame = full if full_grid else drop_empty_columns(full, rows, by)
+    rep = Report(title=f"fedlnl report: {source.name if source else out.parent.name}", metric=metric,
+                 commands=run_commands(frame) if source is not None else {})
+    tables = [accuracy_table(frame, rows, by, m, reference if m == metric.main else None, test_) for m in metric.shown]
+    rep.tables = tables
+    rep.grid = side_by_side([accuracy_grid(t, rows) for t in tables], metric.shown)
+    about = " | ".join(f"{m} in %" for m in metric.shown) + ": mean ± std (population, ddof=0) over seeds, n = complete runs"
+    rep.caption = f"{about}. {stats_caption(tables[0], test_)}"
     if reference is not None:
-        about += ". " + reference_note(reference)
-        head += "\n\n" + reference_note(reference)
-    main_md = f"{head}\n\n{to_markdown(text, bold)}"
-    notes = _notes(frame, rows, by)
-    (out / "accuracy.md").write_text(main_md + notes)
-    pd.concat(tables, ignore_index=True).to_csv(out / "accuracy.csv", index=False)
-    (out / "accuracy.tex").write_text(to_latex(text, bold, about))
-    comm = comm_table(frame, rows, by, ratio_to, reference)
-    comm.to_csv(out / "comm.csv", index=False)
-    (out / "comm.md").write_text(comm_markdown(comm, rows, ratio_to))
-    (out / "comm.tex").write_text(comm_latex(comm, rows, ratio_to))
-    _write_detection(frame, out, rows, by)
-    noise = noise_table(frame, rows, by)
-    if len(noise):
-        noise.to_csv(out / "noise.csv", index=False)
-        (out / "noise.md").write_text(noise_markdown(noise))
+        rep.caption += " " + reference_note(reference)
+    rep.statistics = table_statistics(frame, tables[0], rows, by, metric.main, test_, reference is not None)
+    rep.missing = missing_summary(full, rows, by) if not full_grid else []
+    rep.notes = notes(full, frame, rows, by, metric, full_grid)
+    _write_tables(rep, frame, out, rows, by, ratio_to, reference)
+    _write_statistics(rep, out, rows, draw=figures != "none")
     if figures != "none":
-        _write_figures(frame, out, rows, by, figures)
-    return main_md + notes
+        _write_figures(frame, out, rows, by, figures, metric.curve)
+    text = main_text(rep)
+    (out / "accuracy.md").write_text(text + "\nThe full notes: notes.md; statistics: stats.md.\n")
+    (out / "notes.md").write_text(notes_markdown(rep))
+    html.write_html(rep, out)
+    wandb_log.maybe_log(rep, frame, out, wandb, source)
+    return text
+
+
+def main_text(rep: Report) -> str:
+    text, bold = rep.grid
+    body = f"{rep.caption}\n\n{to_markdown(text, bold)}"
+    brief = stats_brief(rep.statistics)
+    if brief:
+        body += "\n" + "\n".join(brief) + "\n"
+    if rep.missing:
+        body += "\nCells of the reference grid without any run (all listed in notes.md; --full-grid shows them):\n"
+        body += "\n".join(rep.missing) + "\n"
+    shown = [n for n in rep.notes if not (n.kind == "not run" and rep.missing)]
+    if shown:
+        body += "\nNotes (one line per kind; the full lists are in notes.md):\n"
+        body += "\n".join(f"- {n.line}" for n in shown) + "\n"
+    return body
 
 
 def side_by_side(grids: list[tuple[pd.DataFrame, pd.DataFrame]], metrics: list[str]):
@@ -78,47 +165,230 @@ def side_by_side(grids: list[tuple[pd.DataFrame, pd.DataFrame]], metrics: list[s
     return pd.concat(texts, axis=1)[order], pd.concat(bolds, axis=1)[order].fillna(False).astype(bool)
 
 
-def _notes(frame: pd.DataFrame, rows: str, by: Sequence[str]) -> str:
-    """Warnings and lists under the main table (also logged): incomplete runs, cells with missing
-    seeds, config keys that had to split cells, different local-training values, reference-only
-    code defaults, reference cells without runs."""
+# ---------------------------------------------------------------- statistics
+
+
+def table_statistics(frame: pd.DataFrame, table: pd.DataFrame, rows: str, by: Sequence[str], metric: str,
+                     test: stats.Test, with_paper: bool) -> dict:
+    """Mean ranks + Friedman + Nemenyi CD over the table's columns, the win/tie/loss matrix and,
+    for paper presets, the agreement of the orderings (Kendall τ)."""
+    values = column_values(frame, rows, by, metric)
+    means = table.pivot_table(index=rows, columns="column", values="mean", aggfunc="first", sort=False)
+    means = means.reindex(index=list(dict.fromkeys(table[rows])), columns=list(dict.fromkeys(table["column"])))
+    means = means.loc[means.notna().any(axis=1), means.notna().any(axis=0)]
+    wtl_text, wtl_long = stats.win_tie_loss(values, test)
+    out = {"metric": metric, "test": test.name, "test_label": test.label, "min_n": test.min_n, "alpha": test.alpha,
+           "friedman": stats.friedman(means, test.alpha), "wtl": wtl_long.to_dict("records"),
+           "wtl_text": wtl_text, "against_best": _against_best_records(table, rows)}
+    if with_paper and "paper_mean" in table:
+        out["agreement"] = stats.agreement(table, rows)
+    return out
+
+
+def _against_best_records(table: pd.DataFrame, rows: str) -> list[dict]:
+    keep = [rows, "column", "mean", "n", "is_best", "p", "p_holm", "n_pairs", "tested", "tie"]
+    part = table[table["n"] > 0][[k for k in keep if k in table]]
+    return [{k: _json_value(v) for k, v in r.items()} for r in part.to_dict("records")]
+
+
+def _json_value(value):
+    value = _canon(value)
+    return None if isinstance(value, float) and math.isnan(value) else value
+
+
+def stats_brief(st: dict) -> list[str]:
+    """The statistics in a few lines under the table."""
+    lines = []
+    fr = st.get("friedman") or {}
+    if fr.get("mean_rank"):
+        ranks = ", ".join(f"{_fmt(r)} {v:.2f}" for r, v in fr["mean_rank"].items())
+        lines.append(f"Mean rank of {st['metric']} over {fr['n']} cell(s) (1 = best): {ranks}.")
+    lines.append("Friedman test: " + friedman_text(fr))
+    ag = st.get("agreement")
+    if ag is not None:
+        lines.append("Agreement with the paper's ordering: " + agreement_text(ag))
+    return lines
+
+
+def friedman_text(fr: dict) -> str:
+    if fr.get("status") != "ok":
+        return str(fr.get("status", stats.NOT_ENOUGH)) + "."
+    dropped = ""
+    if fr["dropped_rows"] or fr["dropped_columns"]:
+        dropped = (f" (cells without gaps only: left out {len(fr['dropped_rows'])} row(s), "
+                   f"{len(fr['dropped_columns'])} column(s))")
+    approx = " (χ² approximation, indicative with fewer than 10 cells)" if fr["n"] < 10 else ""
+    return (f"χ²_F = {fr['statistic']:.2f}, p = {fr['p']:.3g}{approx} over k = {fr['k']} methods and N = {fr['n']} "
+            f"cells{dropped}; Nemenyi critical difference at α = {fr['alpha']:g}: CD = {fr['cd']:.2f} "
+            "(methods whose mean ranks differ by less are not significantly different; cd_diagram.png).")
+
+
+def agreement_text(ag: dict) -> str:
+    pooled = ag["pooled"]
+    if not ag["cells"]:
+        return f"{stats.NOT_ENOUGH}: no cell has ours and the paper's value for 2 methods or more."
+    per = "; ".join(f"{c['column']} τ = {c['tau']:.2f} ({c['n_methods']} methods)" for c in ag["cells"])
+    return (f"Kendall τ_b per cell: {per}. Pooled over {pooled['columns']} cell(s): τ = {pooled['tau']:.2f} "
+            f"({pooled['concordant']} of {pooled['pairs']} method pairs in the paper's order, "
+            f"{pooled['discordant']} reversed). agreement.csv has every cell.")
+
+
+def _write_statistics(rep: Report, out: Path, rows: str, draw: bool = True) -> None:
+    st = rep.statistics
+    fr = st["friedman"]
+    if fr.get("mean_rank"):
+        pd.DataFrame({rows: list(fr["mean_rank"]), "mean_rank": list(fr["mean_rank"].values())}).to_csv(
+            out / "ranks.csv", index=False)
+        title = f"Mean rank of {st['metric']} over {fr['n']} cell(s)"
+        title += f"; Friedman p = {fr['p']:.3g}, Nemenyi CD = {fr['cd']:.2f}" if fr.get("status") == "ok" else ""
+        if draw:
+            plots.plot_cd_diagram(fr["mean_rank"], fr.get("cd"), out / "cd_diagram.png", title)
+    pd.DataFrame(st["wtl"]).to_csv(out / "wtl.csv", index=False)
+    if "agreement" in st:
+        cells = pd.DataFrame(st["agreement"]["cells"],
+                             columns=["column", "n_methods", "tau", "p", "concordant", "discordant", "pairs", "ours",
+                                      "paper"])
+        pooled = {"column": "pooled", **{k: st["agreement"]["pooled"].get(k) for k in
+                                         ("tau", "concordant", "discordant", "pairs")}}
+        pd.concat([cells, pd.DataFrame([pooled])], ignore_index=True).to_csv(out / "agreement.csv", index=False)
+    machine = {k: v for k, v in st.items() if k != "wtl_text"}
+    (out / "stats.json").write_text(json.dumps(_finite(machine), indent=1, default=_json_default, allow_nan=False))
+    (out / "stats.md").write_text(stats_markdown(rep, rows))
+
+
+def _finite(value):
+    """NaN -> None all through (JSON has no NaN), numpy scalars -> Python."""
+    if isinstance(value, dict):
+        return {str(k): _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return _json_value(value)
+
+
+def _json_default(value):
+    value = _canon(value)
+    return None if value is None else str(value)
+
+
+def stats_markdown(rep: Report, rows: str) -> str:
+    st = rep.statistics
+    parts = [f"# Statistics of {st['metric']}\n",
+             f"Per cell: {st['test_label']}, each method against the cell's best, Holm-corrected, "
+             f"α = {st['alpha']:g} (accuracy.csv: p, p_holm, n_pairs, tie).\n"]
+    parts += [f"- {line}" for line in stats_brief(st)]
+    parts.append(f"\n## Win / tie / loss over cells (row vs column; tie = not significant at α = {st['alpha']:g}, "
+                 "uncorrected, per cell)\n")
+    parts.append(to_markdown(st["wtl_text"].rename_axis(rows)) if len(st["wtl_text"]) else "no cells\n")
+    if "agreement" in st and st["agreement"]["cells"]:
+        parts.append("\n## Agreement with the paper's ordering (Kendall τ_b)\n")
+        frame = pd.DataFrame(st["agreement"]["cells"]).set_index("column")
+        frame = frame.assign(tau=frame["tau"].map("{:.2f}".format), p=frame["p"].map("{:.3g}".format))
+        parts.append(to_markdown(frame[["n_methods", "tau", "p", "ours", "paper"]].astype(str)))
+    return "\n".join(parts) + "\n"
+
+
+# ---------------------------------------------------------------- notes
+
+
+def notes(full: pd.DataFrame, frame: pd.DataFrame, rows: str, by: Sequence[str], metric: Metric,
+          full_grid: bool) -> list[Note]:
+    """One :class:`Note` per kind: incomplete runs, cells with missing seeds, config keys that had
+    to split cells, different local-training values, runs without the metric, reference-only code
+    defaults, reference cells without runs (with --full-grid; else the per-method summary)."""
     _, _, keys = with_columns(frame, rows, by)
-    split = [k.removeprefix("config.") for k in keys if k.startswith("config.") and k not in by]
-    notes = ""
+    found = []
     incomplete = incomplete_runs(frame, rows)
     if incomplete:
-        notes += "\nIncomplete runs (not averaged):\n" + "\n".join(incomplete) + "\n"
+        found.append(Note("incomplete", f"{len(incomplete)} incomplete run(s), not averaged (failed, diverged, "
+                                        f"partial or still running): {_some(incomplete)}", incomplete))
     seeds = missing_seeds(frame, rows, by)
     if seeds:
-        notes += "\nCells with fewer complete seeds than the table (not averaged as n=k):\n" + "\n".join(seeds) + "\n"
+        found.append(Note("seeds", f"{len(seeds)} cell(s) with fewer complete seeds than the table: {_some(seeds)}",
+                          seeds))
+    split = [k.removeprefix("config.") for k in keys if k.startswith("config.") and k not in by]
     if split:
         line = (f"WARNING: runs of one cell differ in {', '.join(split)} besides the seed; these keys "
                 "were added to the columns so such runs are never averaged as seeds")
         log.warning("%s", line)
-        notes += f"\n{line}\n"
-    effective = effective_warnings(frame, rows, by)
-    for line in effective:  # the report states it; methods differing in their own values is no fault
-        log.info("%s", line)
-    if effective:
-        notes += "\n" + "\n".join(effective) + "\n"
+        found.append(Note("split", line, [line]))
+    diffs = effective_diffs(frame, rows, by)
+    if diffs:
+        names = sorted({n for d in diffs.values() for n, _ in d})
+        found.append(Note("effective", f"{len(diffs)} column(s) whose rows used different local-training values "
+                                       f"({', '.join(names)}; each method's own, from summary.json `effective`): "
+                                       f"{_some(list(diffs))}", effective_warnings(frame, rows, by)))
+    lacking = lacking_metric(frame, metric)
+    if lacking:
+        log.warning("%s", lacking.line)
+        found.append(lacking)
     if "setting.fidelity" in frame and (frame["setting.fidelity"] == "reference").any():
-        notes += ("\nfidelity=reference values that are code defaults, not published settings:\n"
-                  + "".join(f"- {line}\n" for line in CODE_DEFAULTS))
-    missing = missing_cells(frame, rows, by)
+        found.append(Note("code defaults", f"fidelity=reference: {len(CODE_DEFAULTS)} values are code defaults, "
+                                           "not published settings (FedDiv ζ/ξ/m, FedProx μ reading, RoFL weight decay)",
+                          list(CODE_DEFAULTS)))
+    missing = missing_cells(full, rows, by)
     if missing:
-        notes += f"\nCells of the reference grid without any run ({len(missing)}):\n" + "\n".join(missing) + "\n"
-    return notes
+        found.append(Note("not run", f"{len(missing)} cell(s) of the reference grid without any run"
+                                     + ("" if full_grid else " (summarised per method above)"), missing))
+    return found
 
 
-def _write_detection(frame: pd.DataFrame, out: Path, rows: str, by: Sequence[str]) -> None:
+def lacking_metric(frame: pd.DataFrame, metric: Metric) -> Note | None:
+    """Complete runs whose summary has none of the shown metrics (written before the runner
+    recorded balanced accuracy): one line, never a crash."""
+    done = frame[frame["status"] == "complete"] if "status" in frame else frame.iloc[:0]
+    present = [k for k in metric.shown if k in done]
+    held = done[present].apply(lambda c: c.map(_canon)).notna().any(axis=1) if present else False
+    without = done[~held] if present else done
+    if without.empty:
+        return None
+    line = (f"{len(without)} of {len(done)} complete run(s) have no {', '.join(metric.shown)} in summary.json "
+            "(written before the runner recorded it): left out of these tables")
+    return Note("no metric", line, [f"- {p}" for p in without.get("path", [])])
+
+
+def _some(items: list, k: int = 3) -> str:
+    shown = [str(i).removeprefix("- ") for i in items[:k]]
+    return "; ".join(shown) + (f"; … ({len(items) - k} more)" if len(items) > k else "")
+
+
+def notes_markdown(rep: Report) -> str:
+    parts = [f"# Notes on the tables of {rep.title.removeprefix('fedlnl report: ')}\n"]
+    for note in rep.notes:
+        parts.append(f"## {note.line}\n")
+        parts.append("\n".join(line if line.startswith("- ") else f"- {line}" for line in note.full) + "\n")
+    if len(parts) == 1:
+        parts.append("No notes: every cell is complete, with the same seeds and the same local-training values.\n")
+    return "\n".join(parts)
+
+
+# ---------------------------------------------------------------- the other tables
+
+
+def _write_tables(rep: Report, frame: pd.DataFrame, out: Path, rows: str, by: Sequence[str], ratio_to,
+                  reference) -> None:
+    text, bold = rep.grid
+    pd.concat(rep.tables, ignore_index=True).to_csv(out / "accuracy.csv", index=False)
+    (out / "accuracy.tex").write_text(to_latex(text, bold, rep.caption))
+    comm = comm_table(frame, rows, by, ratio_to, reference, rep.metric.cost_key)
+    comm.to_csv(out / "comm.csv", index=False)
+    (out / "comm.md").write_text(comm_markdown(comm, rows, ratio_to))
+    (out / "comm.tex").write_text(comm_latex(comm, rows, ratio_to))
+    rep.comm, rep.comm_note = comm_sections(comm, rows, ratio_to)
     table = detection_table(frame, rows, by)
-    if table.empty:
-        return
-    table.to_csv(out / "detection.csv", index=False)
-    grid = detection_grid(table, rows)
-    about = "Noise detection: mean ± std (ddof=0) over seeds of each run's final scores"
-    (out / "detection.md").write_text(f"{about}.\n\n{to_markdown(grid)}")
-    (out / "detection.tex").write_text(to_latex(grid, comment=about))
+    if not table.empty:
+        table.to_csv(out / "detection.csv", index=False)
+        rep.detection = detection_grid(table, rows)
+        about = "Noise detection: mean ± std (ddof=0) over seeds of each run's final scores"
+        (out / "detection.md").write_text(f"{about}.\n\n{to_markdown(rep.detection)}")
+        (out / "detection.tex").write_text(to_latex(rep.detection, comment=about))
+    noise = noise_table(frame, rows, by)
+    if len(noise):
+        rep.noise = noise
+        noise.to_csv(out / "noise.csv", index=False)
+        (out / "noise.md").write_text(noise_markdown(noise))
+
+
+# ---------------------------------------------------------------- command line
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -127,15 +397,24 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--by", nargs="+", action="extend", default=[], metavar="KEY",
                         help="extra column keys: summary, setting or dotted config keys")
     parser.add_argument("--rows", default="method", help="row key (default: method)")
-    parser.add_argument("--metric", default="best_acc", choices=METRICS)
-    parser.add_argument("--beside", default="last10_acc", choices=[*METRICS, "none"],
-                        help="a second metric shown next to --metric in every column (default last10_acc)")
+    parser.add_argument("--metric", default="best_acc", choices=[*METRICS, *ALIASES],
+                        help="the accuracy of the tables: best_acc (default), balanced_acc (= best_balanced_acc "
+                             "beside last10_balanced_acc, costs from the balanced curve) or any summary key listed")
+    parser.add_argument("--beside", default="auto", choices=["auto", *METRICS, "none"],
+                        help="a second metric next to --metric in every column (auto: last-10 of the same accuracy)")
     parser.add_argument("--ratio-to", metavar="METHOD", help="comm-cost ratios to this row")
     parser.add_argument("--reference", type=Path, metavar="FILE",
                         help="paper numbers (CSV); default: ./results/reference/<preset>.csv, else the packaged "
                              "fedlnl/benchmark/reference/<preset>.csv of the runs' preset")
     parser.add_argument("--figures", default="summary", choices=FIGURE_MODES,
                         help="per-run figures: one run per cell (summary), every run (all), none")
+    parser.add_argument("--alpha", type=float, default=0.05, help="significance level of the tests (default 0.05)")
+    parser.add_argument("--test", default="ttest", choices=stats.TESTS,
+                        help="paired test over seeds: ttest (default, from 2 seeds) or wilcoxon (from 6 at α=0.05)")
+    parser.add_argument("--full-grid", action="store_true",
+                        help="show every column of the reference grid, also those without any run")
+    parser.add_argument("--wandb", default="auto", choices=("auto", "on", "off"),
+                        help="log tables and figures to W&B: auto = when the runs used logger=wandb")
     parser.add_argument("--out", type=Path, help="output directory (default: DIR/report)")
     return parser.parse_args(argv)
 
@@ -143,25 +422,48 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s: %(message)s")
     args = parse_args(argv)
+    try:
+        return _main(args)
+    except ReportInputError as err:
+        print(f"fedlnl-report: error: {err}")
+        return 2
+
+
+def matches_any(frame: pd.DataFrame, reference: pd.DataFrame) -> bool:
+    """Whether any run (of any status) is a cell of the reference table."""
+    cells = reference.drop_duplicates(subset=["method", "variant", "dataset", "model", "partition", "rho", "tau",
+                                              "p", "alpha"])
+    idents = [run_identity(r) for _, r in frame.iterrows() if _canon(r.get("method")) is not None]
+    return any(matches(c, i) for _, c in cells.iterrows() for i in idents)
+
+
+def _main(args: argparse.Namespace) -> int:
+    if not 0 < args.alpha < 1:
+        raise ReportInputError(f"--alpha={args.alpha} is invalid: allowed a level in (0, 1)")
+    if not args.dir.is_dir():
+        raise ReportInputError(f"{args.dir} is not a directory")
     frame = load_summaries(args.dir)
     if frame.empty:
-        log.error("no run directories (summary.json or metrics.jsonl) below %s", args.dir)
-        return 1
+        raise ReportInputError(f"no run directories (summary.json or metrics.jsonl) below {args.dir}")
+    if not (frame["status"] == "complete").any():
+        log.warning("no complete run below %s: the tables show what is missing", args.dir)
     try:
         rows = resolve_key(frame, args.rows)
         by = [resolve_key(frame, k) for k in args.by]
     except KeyError as err:
-        log.error("%s", err.args[0])
-        return 2
+        raise ReportInputError(err.args[0]) from None
     try:
         reference = load_reference(reference_paths(frame, args.reference))
     except (OSError, ValueError) as err:
-        log.error("cannot read the reference numbers: %s", err)
-        return 2
+        raise ReportInputError(f"cannot read the reference numbers: {err}") from None
+    if args.reference is not None and reference is not None and not matches_any(frame, reference):
+        raise ReportInputError(f"--reference {args.reference} matches no run below {args.dir} (method, dataset, "
+                               "model, partition, rho, tau, p, alpha): a table of another sweep?")
     out = args.out or args.dir / "report"
-    print(write_report(frame, out, rows, by, args.metric, args.ratio_to, reference, args.figures,
-                       None if args.beside == "none" else args.beside))
-    print(f"report: {out}")
+    metric = resolve_metric(args.metric, args.beside)
+    print(write_report(frame, out, rows, by, metric, args.ratio_to, reference, args.figures, alpha=args.alpha,
+                       test=args.test, full_grid=args.full_grid, source=args.dir, wandb=args.wandb))
+    print(f"report: {out} (open {out / 'report.html'})")
     return 0
 
 

@@ -1,6 +1,7 @@
 """The report's figures: accuracy vs communication cost per column, per-run diagnostics."""
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import re
@@ -18,28 +19,31 @@ log = logging.getLogger(__name__)
 
 FIGURE_MODES = ("none", "summary", "all")
 
-def curves(frame: pd.DataFrame, rows: str = "method", by: Sequence[str] = ()) -> dict:
+def curves(frame: pd.DataFrame, rows: str = "method", by: Sequence[str] = (), curve: str = "acc") -> dict:
     """{column label: {row value: (comm cost grid, mean accuracy in % over seeds)}} from the
-    metrics.jsonl of complete runs, columns and rows in table order."""
+    metrics.jsonl of complete runs, columns and rows in table order; ``curve``: the metrics.jsonl
+    column (``acc``, or ``balanced_acc``: mean per-class recall)."""
     runs, columns, _ = with_columns(frame, rows, by)
     runs = _complete(runs)
     out: dict = {}
     for column in columns:
         for row in _row_values(runs, rows):
             cell = runs[(runs["column"] == column) & (runs[rows].map(_canon) == row)]
-            series = [s for s in map(_run_curve, cell["path"]) if s is not None]
+            series = [s for s in (_run_curve(p, curve) for p in cell["path"]) if s is not None]
             if series:
                 out.setdefault(column, {})[row] = mean_curve(series)
     return out
 
 
-def _run_curve(run_dir: str) -> tuple[np.ndarray, np.ndarray] | None:
+def _run_curve(run_dir: str, curve: str = "acc") -> tuple[np.ndarray, np.ndarray] | None:
     path = Path(run_dir) / "metrics.jsonl"
     metrics = read_metrics(path) if path.exists() else None
-    if metrics is None or not {"acc", "comm_cost"} <= set(metrics.columns):
+    if metrics is None or not {curve, "comm_cost"} <= set(metrics.columns):
         return None
-    metrics = metrics.dropna(subset=["acc", "comm_cost"])
-    last = metrics.groupby("comm_cost", sort=True)["acc"].last()  # several evaluations per cost
+    metrics = metrics.dropna(subset=[curve, "comm_cost"])
+    if metrics.empty:
+        return None
+    last = metrics.groupby("comm_cost", sort=True)[curve].last()  # several evaluations per cost
     return last.index.to_numpy(float), 100.0 * last.to_numpy(float)
 
 
@@ -76,7 +80,7 @@ def _slug(text: str) -> str:
     return re.sub(r"[^\w.=+-]+", "_", text).strip("_")
 
 
-def run_figures(run_dir: Path, out: Path, title: str) -> list[Path]:
+def run_figures(run_dir: Path, out: Path, title: str, curve: str = "acc") -> list[Path]:
     """Every figure the files of one run allow (see the module docstring), into ``out``."""
     out.mkdir(parents=True, exist_ok=True)
     made = []
@@ -88,7 +92,8 @@ def run_figures(run_dir: Path, out: Path, title: str) -> list[Path]:
             diag = json.loads(diag_path.read_text())
         except ValueError as err:
             log.warning("skipping unreadable %s: %s", diag_path, err)
-    for name, draw in (("curve", _draw_curve), ("lid_gmm", _draw_lid), ("lid_iterations", _draw_lid_iterations),
+    draw_curve = functools.partial(_draw_curve, curve=curve)
+    for name, draw in (("curve", draw_curve), ("lid_gmm", _draw_lid), ("lid_iterations", _draw_lid_iterations),
                        ("noise_estimation", _draw_noise), ("noise_realised", _draw_noise_realised),
                        ("partition", _draw_partition),
                        ("confusion", _draw_confusion)):
@@ -102,13 +107,17 @@ def run_figures(run_dir: Path, out: Path, title: str) -> list[Path]:
     return made
 
 
-def _draw_curve(metrics, diag, path, title):
-    if metrics is None or not {"acc", "comm_cost"} <= set(metrics.columns):
+def _draw_curve(metrics, diag, path, title, curve: str = "acc"):
+    if metrics is None or not {curve, "comm_cost"} <= set(metrics.columns):
         return None
-    metrics = metrics.dropna(subset=["acc", "comm_cost"])
+    metrics = metrics.dropna(subset=[curve, "comm_cost"])
+    if metrics.empty:
+        return None
     stages = metrics["stage"].tolist() if "stage" in metrics else None
-    return plots.plot_run_curve(metrics["comm_cost"].to_numpy(float), 100.0 * metrics["acc"].to_numpy(float),
-                                stages, path, f"{title}: test accuracy vs communication cost")
+    what = "balanced test accuracy" if curve == "balanced_acc" else "test accuracy"
+    return plots.plot_run_curve(metrics["comm_cost"].to_numpy(float), 100.0 * metrics[curve].to_numpy(float),
+                                stages, path, f"{title}: {what} vs communication cost",
+                                ylabel=f"{what} (%)")
 
 
 def _draw_lid(metrics, diag, path, title):
@@ -183,13 +192,15 @@ def split_references(lines: dict) -> tuple[dict, dict]:
     return kept, refs
 
 
-def _write_figures(frame: pd.DataFrame, out: Path, rows: str, by: Sequence[str], mode: str) -> None:
-    lines = curves(frame, rows, by)
+def _write_figures(frame: pd.DataFrame, out: Path, rows: str, by: Sequence[str], mode: str,
+                   curve: str = "acc") -> None:
+    lines = curves(frame, rows, by, curve)
     if lines:
         kept, refs = split_references(lines)
-        plots.plot_acc_vs_cost(kept, out / "acc_vs_cost.png", refs)
+        what = "balanced test accuracy" if curve == "balanced_acc" else "test accuracy"
+        plots.plot_acc_vs_cost(kept, out / "acc_vs_cost.png", refs, ylabel=f"{what} (%)")
     else:
-        log.warning("no metrics.jsonl of a complete run: no acc_vs_cost.png")
+        log.warning("no %s in the metrics.jsonl of a complete run: no acc_vs_cost.png", curve)
     for run_dir, name, title in figure_runs(frame, rows, by, mode):
-        run_figures(run_dir, out / "runs" / name, title)
+        run_figures(run_dir, out / "runs" / name, title, curve)
 

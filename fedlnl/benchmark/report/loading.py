@@ -15,6 +15,10 @@ from fedlnl.benchmark.report.cells import MISSING, SETTING_KEYS, _canon
 
 log = logging.getLogger(__name__)
 
+class ReportInputError(ValueError):
+    """Input the report cannot use: printed as one line, exit code 2."""
+
+
 COMPLETE_KEYS = ("best_acc", "final_acc", "last10_acc", "comm_cost")
 RUN_FILES = ("summary.json", "metrics.jsonl")
 
@@ -134,7 +138,7 @@ def _flatten(record: dict, prefix: str = "") -> dict:
         nested = isinstance(value, list) and any(isinstance(v, (dict, list)) for v in value)
         if nested or (isinstance(value, dict) and name.startswith("setting.")):
             flat[name] = json.dumps(value, sort_keys=True, separators=(",", ":"))
-        elif isinstance(value, dict) and name != "cost_to_target":
+        elif isinstance(value, dict) and not name.startswith("cost_to_target"):
             flat.update(_flatten(value, name + "."))
         else:
             flat[name] = tuple(value) if isinstance(value, list) else value

@@ -9,7 +9,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from fedlnl.benchmark.report.cells import NOT_RUN, _canon, _fmt, with_columns
+from fedlnl.benchmark.report.cells import (NOT_RUN, _canon, _fmt, _part_label, _sort_key, column_parts,
+                                           with_columns)
 from fedlnl.benchmark.report.loading import COMPLETE_KEYS, row_label
 
 log = logging.getLogger(__name__)
@@ -19,6 +20,8 @@ REF_COLUMNS = (*REF_KEYS, "target", "metric", "mean", "std", "source")
 #: dataset -> its family (the paper's dataset name), only for summaries written before the runner
 #: recorded ``setting.family``; reference rows are matched on the family
 LEGACY_FAMILIES = {"cifar10_jpeg": "cifar10"}
+#: a run's results (accuracies, costs), never copied into a placeholder of a cell without runs
+RESULT_PREFIXES = ("best_", "final_", "last10_", "cost_to_target")
 
 def packaged_reference(preset: str) -> Path | None:
     """The paper numbers shipped with fedlnl (``fedlnl/benchmark/reference/<preset>.csv``)."""
@@ -171,7 +174,8 @@ def _placeholder(frame: pd.DataFrame, cell: pd.Series) -> dict:
     families = [_text(dataset_family(run)) for _, run in frame.iterrows()]
     same = frame[[f == _norm("dataset", cell["dataset"]) for f in families]]
     template = (same if len(same) else frame).iloc[0].to_dict()
-    record = {k: v for k, v in template.items() if k not in (*COMPLETE_KEYS, "cost_to_target", "seed")}
+    record = {k: v for k, v in template.items()
+              if k not in (*COMPLETE_KEYS, "seed") and not k.startswith(RESULT_PREFIXES)}
     record.update(status=NOT_RUN, path="", base_method=cell["method"], variant=cell["variant"] or None)
     record["method"] = row_label(cell["method"], record["variant"])
     if cell["dataset"] and _text(dataset_family(template)) != _norm("dataset", cell["dataset"]):
@@ -189,6 +193,52 @@ def _placeholder(frame: pd.DataFrame, cell: pd.Series) -> dict:
         elif key in ("p", "alpha") and record.get("partition") == "iid":
             record[key] = record[f"setting.{key}"] = None
     return record
+
+
+def drop_empty_columns(frame: pd.DataFrame, rows: str, by: Sequence[str] = ()) -> pd.DataFrame:
+    """The frame without the placeholders of columns that hold no run: a partial sweep's tables
+    show only the columns it ran (``--full-grid`` keeps the whole reference grid)."""
+    if frame.empty or "status" not in frame:
+        return frame
+    runs, _, _ = with_columns(frame, rows, by)
+    ran = set(runs.loc[runs["status"] != NOT_RUN, "column"])
+    empty = runs.index[(runs["status"] == NOT_RUN) & ~runs["column"].isin(ran)]
+    return frame.drop(index=empty)
+
+
+def missing_summary(frame: pd.DataFrame, rows: str, by: Sequence[str] = ()) -> list[str]:
+    """One line per row with cells of the reference grid that have no run: their count and a
+    compact range, each column part with its values ("model lenet, resnet18 × (ρ,τ) (0,0), (0.4,0)
+    … (0.8,0.5) (7 values)"), and how many of the combinations are missing when not all are."""
+    runs, _, _ = with_columns(frame, rows, by)
+    todo = runs[runs["status"] == NOT_RUN]
+    if todo.empty:
+        return []
+    parts = column_parts(runs, rows, by)
+    lines = []
+    for row in sorted({_canon(v) for v in todo[rows]}, key=_sort_key):
+        cells = todo[todo[rows].map(_canon) == row]
+        ranges, product = [], 1
+        for part in parts:
+            order = sorted(((tuple(_sort_key(r.get(k)) for k in part), _part_label(part, r))
+                            for _, r in cells.iterrows()))
+            labels = [lab for lab in dict.fromkeys(lab for _, lab in order) if lab]
+            if labels:
+                ranges.append(f"{PART_NAMES.get(part, part[-1].split('.')[-1])} {_compact(labels)}")
+                product *= len(labels)
+        n = len(cells.drop_duplicates(subset=["column"]))
+        combos = f" ({n} of the {product} combinations)" if n < product else ""
+        lines.append(f"- {_fmt(row)}: {n} cell{'s' if n != 1 else ''} not run — " + " × ".join(ranges) + combos)
+    return lines
+
+
+PART_NAMES = {("rho", "tau"): "(ρ,τ)", ("partition", "p", "alpha"): "partition", ("num_clients",): "clients"}
+
+
+def _compact(labels: list[str]) -> str:
+    if len(labels) <= 4:
+        return ", ".join(labels)
+    return f"{labels[0]}, {labels[1]} … {labels[-1]} ({len(labels)} values)"
 
 
 def missing_cells(frame: pd.DataFrame, rows: str, by: Sequence[str] = ()) -> list[str]:

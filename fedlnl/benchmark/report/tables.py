@@ -12,48 +12,97 @@ import pandas as pd
 
 from fedlnl.benchmark.report.cells import (MISSING, NOT_RUN, _canon, _cells, _complete, _fmt, _pivot,
                                            _sort_key, _tuples, with_columns)
+from fedlnl.benchmark.report import stats
 from fedlnl.benchmark.report.reference import cell_identity, paper_value, reference_row
 
 log = logging.getLogger(__name__)
 
 def accuracy_table(
     frame: pd.DataFrame, rows: str = "method", by: Sequence[str] = (), metric: str = "best_acc",
-    reference: pd.DataFrame | None = None,
+    reference: pd.DataFrame | None = None, test: stats.Test | None = None,
 ) -> pd.DataFrame:
-    """Long form: one line per (row, column) cell with mean, std (ddof=0) in %, n complete runs
-    and n_incomplete (failed, diverged, partial or missing runs); with ``reference``, also the
-    paper's mean and std (paper_mean, paper_std, paper_source) and diff = mean − paper_mean."""
+    """Long form: one line per (row, column) cell with mean, std (ddof=0) in %, the 95% bootstrap
+    CI of the mean (ci_low, ci_high), n complete runs that hold ``metric`` and n_incomplete
+    (failed, diverged, partial or missing runs); with ``reference``, also the paper's mean and std
+    (paper_mean, paper_std, paper_source) and diff = mean − paper_mean. With ``test``: the paired
+    test of every row against its column's best (see :func:`stats.against_best`): is_best, p,
+    p_holm, n_pairs, tested, tie (not significantly worse)."""
     runs, columns, keys = with_columns(frame, rows, by)
     lines = []
     for row, column, key_values, cell in _cells(runs, rows, columns, keys):
-        done = _complete(cell)
-        _warn_duplicate_seeds(done, row, column)
-        values = 100.0 * done.get(metric, pd.Series(dtype=float)).astype(float).to_numpy()
+        per_seed = seed_values(cell, metric)
+        values = np.array(list(per_seed.values()), float)
         line = {rows: row, "column": column, **key_values, "metric": metric,
                 "mean": values.mean() if len(values) else np.nan,
                 "std": values.std(ddof=0) if len(values) else np.nan,
+                **dict(zip(("ci_low", "ci_high"), stats.bootstrap_ci(values))),
                 "n": len(values), "n_incomplete": int((~cell["status"].isin(["complete", NOT_RUN])).sum())}
         if reference is not None:
             line.update(paper_value(reference, cell_identity(runs, rows, row, column), metric))
             line["diff"] = line["mean"] - line["paper_mean"]
         lines.append(line)
     paper = ["paper_mean", "paper_std", "diff", "paper_source"] if reference is not None else []
-    return pd.DataFrame(lines, columns=[rows, "column", *keys, "metric", "mean", "std", "n",
-                                        "n_incomplete", *paper])
+    table = pd.DataFrame(lines, columns=[rows, "column", *keys, "metric", "mean", "std", "ci_low", "ci_high",
+                                         "n", "n_incomplete", *paper])
+    return with_tests(table, column_values(frame, rows, by, metric), rows, test) if test else table
 
 
-def _warn_duplicate_seeds(done: pd.DataFrame, row, column: str) -> None:
+def seed_values(cell: pd.DataFrame, metric: str) -> dict:
+    """{seed: metric in %} of the complete runs of a cell that hold the metric (a summary written
+    before the runner recorded it lacks it). Several complete runs of one seed: their mean."""
+    done = _complete(cell)
+    _warn_duplicate_seeds(done, cell)
+    out: dict = {}
+    seeds = done["seed"] if "seed" in done else pd.Series(range(len(done)), index=done.index)
+    for seed, value in zip(seeds, done.get(metric, pd.Series([None] * len(done), index=done.index))):
+        if _canon(value) is not None:
+            out.setdefault(_canon(seed), []).append(100.0 * float(value))
+    return {s: float(np.mean(v)) for s, v in out.items()}
+
+
+def column_values(frame: pd.DataFrame, rows: str, by: Sequence[str], metric: str) -> dict:
+    """{column: {row: {seed: metric in %}}} over the complete runs of the table."""
+    runs, columns, keys = with_columns(frame, rows, by)
+    out: dict = {c: {} for c in columns}
+    for row, column, _, cell in _cells(runs, rows, columns, keys):
+        values = seed_values(cell, metric)
+        if values:
+            out[column][row] = values
+    return out
+
+
+def with_tests(table: pd.DataFrame, values: dict, rows: str, test: stats.Test) -> pd.DataFrame:
+    """The columns of :func:`stats.against_best` joined to the long table (NaN/False where a cell
+    has no value)."""
+    found = {(row, column): res for column, col in values.items()
+             for row, res in stats.against_best(col, test).items()}
+    fields = ("best", "p", "p_holm", "n_pairs", "tested", "tie")
+    default = {"best": False, "p": np.nan, "p_holm": np.nan, "n_pairs": 0, "tested": False, "tie": False}
+    cols = {f: [found.get((r, c), default)[f] for r, c in _tuples(table, rows, "column")] for f in fields}
+    return table.assign(is_best=cols["best"], p=cols["p"], p_holm=cols["p_holm"], n_pairs=cols["n_pairs"],
+                        tested=cols["tested"], tie=cols["tie"])
+
+
+def _warn_duplicate_seeds(done: pd.DataFrame, cell: pd.DataFrame) -> None:
     if "seed" in done and done["seed"].duplicated().any():
-        log.warning("%s / %s: several complete runs share a seed; all are averaged", row, column)
+        first = done.iloc[0]
+        log.warning("%s: several complete runs share a seed; their mean is the seed's value",
+                    first.get("path", "a cell"))
 
 
-def accuracy_cell(mean: float, std: float, n: int, n_incomplete: int, paper_mean: float = np.nan,
-                  paper_std: float = np.nan) -> str:
+#: appended to a cell not significantly worse than its column's best (the best itself is bold)
+TIE_MARK = "†"
+
+
+def accuracy_cell(mean: float, std: float, n: int, n_incomplete: int, ci_low: float = np.nan,
+                  ci_high: float = np.nan, paper_mean: float = np.nan, paper_std: float = np.nan,
+                  mark: bool = False) -> str:
     extra = f", {n_incomplete} incomplete" if n_incomplete else ""
     if n == 0:
         text = MISSING + (f" ({n_incomplete} incomplete)" if n_incomplete else "")
     else:
-        text = f"{mean:.2f} ± {std:.2f} (n={n}{extra})"
+        ci = f" [{ci_low:.2f}, {ci_high:.2f}]" if _canon(ci_low) is not None else ""
+        text = f"{mean:.2f} ± {std:.2f}{ci} (n={n}{extra})" + (f" {TIE_MARK}" if mark else "")
     if _canon(paper_mean) is None:
         return text
     text += f"; paper {paper_mean:.2f}" + (f" ± {paper_std:.2f}" if _canon(paper_std) is not None else "")
@@ -61,16 +110,43 @@ def accuracy_cell(mean: float, std: float, n: int, n_incomplete: int, paper_mean
 
 
 def accuracy_grid(table: pd.DataFrame, rows: str) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(cell texts, bold mask) with rows x columns; bold = best printed mean of each column."""
-    fields = ["mean", "std", "n", "n_incomplete"]
+    """(cell texts, bold mask) with rows x columns; bold = best printed mean of each column; a
+    cell that is not bold but not significantly worse than the best (``tie``) gets the mark."""
+    shown = table["mean"].round(2)
+    best = shown.groupby(table["column"], sort=False).transform("max")
+    bold = (shown == best) & (table["n"] > 0)
+    tie = table["tie"].fillna(False).astype(bool) if "tie" in table else pd.Series(False, index=table.index)
+    table = table.assign(bold=bold, mark=tie & ~bold)
+    fields = ["mean", "std", "n", "n_incomplete", "ci_low", "ci_high"]
     fields += ["paper_mean", "paper_std"] if "paper_mean" in table else []
-    table = table.assign(
-        text=[accuracy_cell(*v) for v in _tuples(table, *fields)],
-        shown=table["mean"].round(2),
-    )
-    best = table.groupby("column", sort=False)["shown"].transform("max")
-    table = table.assign(bold=(table["shown"] == best) & (table["n"] > 0))
+    texts = []
+    for values, mark in zip(_tuples(table, *fields), table["mark"]):
+        named = dict(zip(fields, values))
+        texts.append(accuracy_cell(**named, mark=bool(mark)))
+    table = table.assign(text=texts)
     return _pivot(table, rows, "text"), _pivot(table, rows, "bold")
+
+
+def stats_caption(table: pd.DataFrame, test: stats.Test) -> str:
+    """What the bold, the mark and the brackets mean, with the test, the n and α actually used."""
+    ci = "[lo, hi] = 95% percentile-bootstrap CI of the mean over seeds (2000 resamples; none for n=1)"
+    if "tested" not in table or table.empty:
+        return ci + "."
+    compared = table[~table["is_best"].astype(bool) & (table["n"] > 0)]
+    tested = compared[compared["tested"].astype(bool)]
+    if tested.empty:
+        return (f"{ci}. Bold = best mean; no {TIE_MARK} marks: {stats.NOT_ENOUGH} ({test.label}; "
+                f"every comparison with a column's best has fewer than {test.min_n} paired seeds).")
+    lo, hi = int(tested["n_pairs"].min()), int(tested["n_pairs"].max())
+    n = f"n = {lo}" if lo == hi else f"n = {lo}–{hi}"
+    text = (f"{ci}. Bold = best mean of the column; {TIE_MARK} = not significantly worse than it: {test.label}, "
+            f"{n} paired seeds (the seeds both completed), Holm-corrected over the column's comparisons, "
+            f"α = {test.alpha:g}.")
+    untested = sorted(set(compared.loc[~compared["tested"].astype(bool), "column"]), key=str)
+    if untested:
+        text += (f" Not tested ({stats.NOT_ENOUGH}: fewer than {test.min_n} paired seeds) in "
+                 + ", ".join(untested) + ".")
+    return text
 
 
 # ---------------------------------------------------------------- communication
@@ -78,7 +154,7 @@ def accuracy_grid(table: pd.DataFrame, rows: str) -> tuple[pd.DataFrame, pd.Data
 
 def comm_table(
     frame: pd.DataFrame, rows: str = "method", by: Sequence[str] = (), ratio_to=None,
-    reference: pd.DataFrame | None = None,
+    reference: pd.DataFrame | None = None, cost_key: str = "cost_to_target",
 ) -> pd.DataFrame:
     """Long form: per cell the mean total cost (``quantity`` total) and the mean cost to each
     target (``quantity`` cost_to_target, ``target`` as in the summaries), over complete seeds;
@@ -90,20 +166,20 @@ def comm_table(
     lines = []
     for row, column, key_values, cell in _cells(runs, rows, columns, keys):
         done = _complete(cell)
-        base = {rows: row, "column": column, **key_values, "n": len(done)}
+        base = {rows: row, "column": column, **key_values, "curve": COST_CURVES[cost_key], "n": len(done)}
         total = _mean_reached(done.get("comm_cost", []))
         lines.append({**base, "quantity": "total", "target": "", **total})
         ident = cell_identity(runs, rows, row, column) if reference is not None else None
         for target in targets:
             reached = [c.get(target) if isinstance(c, dict) else None
-                       for c in done.get("cost_to_target", [])]
+                       for c in done.get(cost_key, [])]
             line = {**base, "quantity": "cost_to_target", "target": target,
                     **_mean_reached(pd.Series(reached, dtype=object))}
             if reference is not None and isinstance(_as_float(target), float):
                 line.update(_paper_cost(reference, ident, _as_float(target)))
             lines.append(line)
     paper = ["paper", "paper_mean"] if reference is not None else []
-    table = pd.DataFrame(lines, columns=[rows, "column", *keys, "quantity", "target", "mean",
+    table = pd.DataFrame(lines, columns=[rows, "column", *keys, "curve", "quantity", "target", "mean",
                                          "n_reached", "n", *paper])
     table = _with_ratio(table, rows, ratio_to)
     if reference is not None:
@@ -121,8 +197,12 @@ def _paper_cost(reference: pd.DataFrame, ident: dict, target: float) -> dict:
     return {"paper": "-" if math.isnan(mean) else _fmt_cost(mean), "paper_mean": mean}
 
 
-def _targets(done: pd.DataFrame) -> list[str]:
-    found = {t for c in done.get("cost_to_target", []) if isinstance(c, dict) for t in c}
+#: the summaries' cost dicts and the accuracy curve each is measured on
+COST_CURVES = {"cost_to_target": "acc", "cost_to_target_balanced": "balanced_acc"}
+
+
+def _targets(done: pd.DataFrame, cost_key: str = "cost_to_target") -> list[str]:
+    found = {t for c in done.get(cost_key, []) if isinstance(c, dict) for t in c}
     return sorted(found, key=lambda t: _sort_key(_as_float(t)))
 
 
@@ -193,10 +273,12 @@ def comm_sections(table: pd.DataFrame, rows: str, ratio_to=None) -> tuple[list[t
                                                  "paper_ratio")
     ])
     ratio = f" (ratio to {ratio_to} in brackets)" if ratio_to is not None else ""
+    curve = "balanced test accuracy" if (table.get("curve", pd.Series(dtype=object)) == "balanced_acc").any() \
+        else "test accuracy"
     sections = []
     for (quantity, target), part in table.groupby(["quantity", "target"], sort=False):
         title = ("Total communication cost (client participations)" if quantity == "total"
-                 else f"Communication cost to reach {_target_label(target)} test accuracy")
+                 else f"Communication cost to reach {_target_label(target)} {curve}")
         sections.append((title + ratio, _pivot(part, rows, "text")))
     note = "'-' = never reached; [k/n] = mean over the k of n seeds that reached it.\n"
     if (table["paper"] != "").any():
@@ -240,7 +322,7 @@ LATEX_SPECIAL = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", 
 
 def latex_escape(text: str) -> str:
     escaped = "".join(LATEX_SPECIAL.get(ch, ch) for ch in str(text))
-    return escaped.replace("±", r"$\pm$").replace("Δ", r"$\Delta$")
+    return escaped.replace("±", r"$\pm$").replace("Δ", r"$\Delta$").replace("†", r"$^\dagger$")
 
 
 def to_latex(text: pd.DataFrame, bold: pd.DataFrame | None = None, comment: str = "") -> str:
@@ -287,13 +369,14 @@ def missing_seeds(frame: pd.DataFrame, rows: str, by: Sequence[str] = ()) -> lis
     return lines
 
 
-def effective_warnings(frame: pd.DataFrame, rows: str, by: Sequence[str] = ()) -> list[str]:
-    """One line per column whose complete runs differ in a local-training value actually used
-    (``effective.*`` of the summaries: lr, epochs, batch size, FedCorr+X's stage3, ...)."""
+def effective_diffs(frame: pd.DataFrame, rows: str, by: Sequence[str] = ()) -> dict[str, list[tuple[str, str]]]:
+    """{column: [(value name, "0.01 (median); 0.05 (fedavg)")]} for every column whose complete
+    runs differ in a local-training value actually used (``effective.*`` of the summaries: lr,
+    epochs, batch size, FedCorr+X's stage3, ...)."""
     runs, columns, _ = with_columns(frame, rows, by)
     done = _complete(runs)
     names = [k for k in done if k.startswith("effective.")]
-    lines = []
+    out = {}
     for column in columns:
         part = done[done["column"] == column]
         diffs = []
@@ -304,11 +387,17 @@ def effective_warnings(frame: pd.DataFrame, rows: str, by: Sequence[str] = ()) -
                     by_value.setdefault(_fmt(value), set()).add(_fmt(row))
             if len(by_value) > 1:
                 shown = "; ".join(f"{v} ({', '.join(sorted(r))})" for v, r in sorted(by_value.items()))
-                diffs.append(f"{name.removeprefix('effective.')}: {shown}")
+                diffs.append((name.removeprefix("effective."), shown))
         if diffs:
-            lines.append(f"NOTE {column}: the rows used different local-training values "
-                         "(each method's own, from summary.json `effective`) — " + " | ".join(diffs))
-    return lines
+            out[column] = diffs
+    return out
+
+
+def effective_warnings(frame: pd.DataFrame, rows: str, by: Sequence[str] = ()) -> list[str]:
+    """One line per column of :func:`effective_diffs`."""
+    return [f"NOTE {column}: the rows used different local-training values (each method's own, from "
+            "summary.json `effective`) — " + " | ".join(f"{n}: {v}" for n, v in diffs)
+            for column, diffs in effective_diffs(frame, rows, by).items()]
 
 
 # ---------------------------------------------------------------- detection and noise

@@ -1,2 +1,3 @@
 """The shared method kit: the plugin contract (protocol), local-training mechanics (engine), label-noise
-tools (lnl) and the semi-supervised pieces of DivideMix (semisup). Plain functions, no base class."""
+tools (lnl), the semi-supervised pieces of DivideMix (semisup), two networks trained jointly (pair) and
+per-sample prediction histories (history). Plain functions, no base class."""

@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedlnl.methods.common.protocol import ClientUpdate
+from fedlnl.methods.common.protocol import OPTIMIZERS, ClientUpdate, Optim
 
 
 # --------------------------------------------------------------------------------------- data
@@ -135,9 +135,17 @@ def batches(n: int, batch_size: int, gen: torch.Generator, shuffle: bool = True,
 
 
 # ------------------------------------------------------------------------------- local training
-def sgd(model: nn.Module, lr: float, momentum: float, weight_decay: float = 0.0) -> torch.optim.SGD:
-    """A fresh optimiser per local update (the reference code keeps no momentum across rounds)."""
-    return torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum, weight_decay=weight_decay)
+def optimizer(model: nn.Module, optim: Optim) -> torch.optim.Optimizer:
+    """The optimiser of every method's local training, from its ``FLSettings`` (``fl.optim(...)``,
+    with a method's stage-specific values as overrides): SGD with momentum, or Adam with betas, both
+    with coupled (L2) weight decay. A fresh one per local update unless a method keeps it (the
+    reference codes keep no optimiser state across rounds)."""
+    params = model.parameters()
+    if optim.name == "sgd":
+        return torch.optim.SGD(params, lr=optim.lr, momentum=optim.momentum, weight_decay=optim.weight_decay)
+    if optim.name == "adam":
+        return torch.optim.Adam(params, lr=optim.lr, betas=tuple(optim.betas), weight_decay=optim.weight_decay)
+    raise ValueError(f"optimizer {optim.name!r} is unknown: allowed {', '.join(OPTIMIZERS)}")
 
 
 def mixup(x: torch.Tensor, y: torch.Tensor, alpha: float, gen: torch.Generator):
@@ -246,17 +254,20 @@ def local_train(
     *,
     epochs: int,
     batch_size: int,
-    lr: float,
-    momentum: float,
+    optim: Optim,
     gen: torch.Generator,
     loss_fn: LossFn = ce_loss,
-    weight_decay: float = 0.0,
     augment: bool = True,
+    opt_fn: Callable[..., torch.optim.Optimizer] | None = None,
 ) -> float:
-    """Plain local SGD over one client's samples; returns the mean batch loss (nan if diverged).
+    """Local training over one client's samples with a fresh ``optim`` optimiser (``FLSettings.optim``);
+    returns the mean batch loss (nan if diverged).
 
     ``loss_fn(model, xb, yb, step, gen)`` gives the batch loss, so a method adds mixup, proximal or
     regularisation terms without rewriting the loop; ``step`` counts batches within the epoch.
+    ``opt_fn(model, optim)`` builds the optimiser (default ``optimizer``): a method wraps the
+    optimiser's step (gradient clipping, sharpness-aware steps: ``common/optimizers.py``) without
+    rewriting the loop either.
     """
     model.train()
     fmt = memory_format(model, data.device)
@@ -267,7 +278,7 @@ def local_train(
                 xb = data.images(idx[pos], augment=augment, gen=gen, memory_format=fmt)
                 yield loss_fn(model, xb, labels[pos], step, gen)
 
-    values = train_steps(model, sgd(model, lr, momentum, weight_decay), gen, losses)
+    values = train_steps(model, (opt_fn or optimizer)(model, optim), gen, losses)
     if values and not math.isfinite(values[-1]):
         return float("nan")
     total = 0.0
@@ -295,16 +306,17 @@ def epoch_loop(model: nn.Module, opt: torch.optim.Optimizer, data: TensorData, i
     return train_steps(model, opt, gen, losses)
 
 
-def train_from_global(state: dict, client, ctx, *, epochs: int, batch_size: int, lr: float,
-                      momentum: float, weight_decay: float, augment: bool, loss_fn: LossFn = ce_loss):
+def train_from_global(state: dict, client, ctx, *, epochs: int, batch_size: int, optim: Optim,
+                      augment: bool, loss_fn: LossFn = ce_loss,
+                      opt_fn: Callable[..., torch.optim.Optimizer] | None = None):
     """The usual FedAvg-style client step: load the global weights into the one working model
     (``state["model"]``, ``state["global"]``), run ``local_train`` with the client's seeded
     generator, and return the trained weights as a ``ClientUpdate``."""
     model = state["model"]
     set_weights(model, state["global"])
     loss = local_train(model, client.data, client.indices, client.labels, epochs=epochs,
-                       batch_size=batch_size, lr=lr, momentum=momentum, weight_decay=weight_decay,
-                       augment=augment, gen=ctx.generator("train", client.id), loss_fn=loss_fn)
+                       batch_size=batch_size, optim=optim, augment=augment,
+                       gen=ctx.generator("train", client.id), loss_fn=loss_fn, opt_fn=opt_fn)
     return ClientUpdate(client.id, get_weights(model), client.size, train_loss=loss)
 
 

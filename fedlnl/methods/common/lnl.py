@@ -9,9 +9,13 @@ Each function is general (no method-specific state) and documented with the equa
   into a low and a high mode; the high-mean mode is the "noisy" one in FedCorr's uses.
 - ``confident`` / ``top_k_mask`` / ``relabel_mask``: which samples a confidence-based correction
   relabels (FedCorr Eqs. 6-7), with the ``>`` vs ``≥`` and candidate-pool choices as arguments.
+- ``check_rate`` / ``rate_value``: a rate hyperparameter given as a number or as ``noise`` (the
+  federation's nominal noise rate); ``forget_rate_at`` / ``keep_count`` / ``small_loss`` /
+  ``mean_ce``: the small-loss selection of Co-teaching-style methods (methods.md §21).
 """
 from __future__ import annotations
 
+import math
 import warnings
 from dataclasses import dataclass
 
@@ -137,3 +141,72 @@ def sample_losses(logits: torch.Tensor, labels: torch.Tensor, on: str) -> torch.
     if on == "softmax":
         return F.cross_entropy(logits.softmax(dim=1), labels, reduction="none")
     raise ValueError(f"sample_losses: on must be 'logits' or 'softmax', got {on!r}")
+
+
+# ------------------------------------------------------------------- small-loss selection
+#: the value of a rate hyperparameter meaning "the federation's nominal noise rate" (``FederationInfo.noise_rate``)
+NOISE = "noise"
+
+#: how a kept share (1 − forget rate) of a batch of n becomes a count: ``ceil`` = the smallest set of at least
+#: R·n samples (Co-teaching Alg. 1: argmin over D' with |D'| ≥ R(T)|D̄|), ``floor`` = int(R·n) as the reference codes compute it
+ROUNDINGS = ("ceil", "floor")
+
+#: forget-rate schedules: ``paper`` = min(t/T_k·τ, τ) (Co-teaching's R(T) = 1 − min(T/T_k·τ, τ)),
+#: ``linspace`` = linspace(0, τ, T_k)[t] for t < T_k (the reference codes' rate_schedule)
+SCHEDULES = ("paper", "linspace")
+
+
+def check_rate(key: str, value) -> None:
+    """A share in [0, 1) or ``noise`` (the federation's nominal noise rate): one-line error otherwise."""
+    ok = value == NOISE or (isinstance(value, (int, float)) and not isinstance(value, bool)
+                            and math.isfinite(value) and 0.0 <= value < 1.0)
+    if not ok:
+        raise ValueError(f"method.{key}={value!r} is invalid: allowed a share in [0, 1) or {NOISE} "
+                         "(the federation's nominal noise rate)")
+
+
+def rate_value(key: str, value, info) -> float:
+    """The number a rate hyperparameter stands for: itself, or with ``noise`` the noise rate the
+    configuration implies (``FederationInfo.noise_rate``; never measured on labels, methods.md R3)."""
+    if value != NOISE:
+        return float(value)
+    rate = getattr(info, "noise_rate", None)
+    if rate is None or not 0.0 <= rate <= 1.0:
+        raise ValueError(f"method.{key}=noise needs the federation's noise rate (got {rate!r}): "
+                         f"set method.{key}=<a share in [0, 1)>")
+    return float(rate)
+
+
+def forget_rate_at(t: int, tau: float, T_k: int, schedule: str) -> float:
+    """The forget rate of step t (0-based) rising to τ over T_k steps. ``paper``: min(t/T_k·τ, τ), i.e.
+    Co-teaching's remember rate R(T) = 1 − min(T/T_k·τ, τ) (Alg. 1, applied from the second epoch
+    on); ``linspace``: linspace(0, τ, T_k)[t] (reaches τ one step earlier, at t = T_k − 1)."""
+    if schedule == "paper":
+        return min(t / T_k * tau, tau)
+    if schedule == "linspace":
+        return float(np.linspace(0.0, tau, T_k)[t]) if t < T_k else float(tau)
+    raise ValueError(f"forget-rate schedule must be one of {SCHEDULES}, got {schedule!r}")
+
+
+def keep_count(n: int, forget: float, rounding: str) -> int:
+    """How many of n samples a small-loss selection keeps at forget rate r: ⌈(1 − r)·n⌉ or ⌊(1 − r)·n⌋
+    (``ROUNDINGS``); a float rounding error (0.7·10 = 7.000000000000001) is not counted as a sample."""
+    share = round((1.0 - forget) * n, 9)
+    if rounding == "ceil":
+        return min(n, math.ceil(share))
+    if rounding == "floor":
+        return min(n, math.floor(share))
+    raise ValueError(f"rounding must be one of {ROUNDINGS}, got {rounding!r}")
+
+
+def small_loss(losses: torch.Tensor, count: int) -> torch.Tensor:
+    """Positions of the ``count`` smallest losses, smallest first (ties by position: stable)."""
+    return torch.sort(losses.detach(), stable=True).indices[:max(0, int(count))]
+
+
+def mean_ce(logits: torch.Tensor, labels: torch.Tensor, sel: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy over the selected positions; 0 (with a zero gradient) for an empty
+    selection, where the reference codes' sum / count is 0 / 0."""
+    if sel.numel() == 0:
+        return logits.sum() * 0.0
+    return F.cross_entropy(logits[sel], labels[sel])

@@ -29,8 +29,33 @@ from torch import nn
 ALL_CLIENTS = -1
 
 
+#: the local optimisers ``fl.optimizer`` names, and the keys each reads besides ``lr`` and
+#: ``weight_decay``; the other optimiser's key is inapplicable (null in its FLSettings, refused when typed)
+OPTIMIZERS = {"sgd": "momentum", "adam": "betas"}
+
+
+def unread_key(optimizer: str) -> str | None:
+    """The optimiser key ``optimizer`` does not read (None for a name not in OPTIMIZERS)."""
+    if optimizer not in OPTIMIZERS:
+        return None
+    return next(key for name, key in OPTIMIZERS.items() if name != optimizer)
+
 #: the shared local-training settings (the ``fl`` group) a method YAML may pin per dataset
-FL_FIELDS = ("frac", "local_epochs", "batch_size", "lr", "momentum", "weight_decay", "augment", "eval_batch_size")
+FL_FIELDS = ("frac", "local_epochs", "batch_size", "optimizer", "lr", "momentum", "betas", "weight_decay",
+             "augment", "eval_batch_size")
+
+
+@dataclass(frozen=True)
+class Optim:
+    """One local optimiser: ``sgd`` = ``torch.optim.SGD(lr, momentum, weight_decay)``, ``adam`` =
+    ``torch.optim.Adam(lr, betas, weight_decay)`` (torch's coupled L2 decay, eps 1e-8; the form of
+    FedNoRo's code). ``momentum`` is None for adam, ``betas`` None for sgd."""
+
+    name: str
+    lr: float
+    weight_decay: float
+    momentum: float | None = None
+    betas: tuple[float, float] | None = None
 
 
 @dataclass(frozen=True)
@@ -39,21 +64,39 @@ class FLSettings:
     group with the values the method's own YAML pins for the dataset (e.g. FedProx's lr 0.01 on
     CIFAR-10) applied, and handed to the method's constructor (pfl-research's central training
     parameters). A method keeps only its own hyperparameters; ``fl.rounds`` and the evaluation
-    cadence stay with the runner."""
+    cadence stay with the runner. The key the optimiser does not read (``momentum`` of adam,
+    ``betas`` of sgd) is None."""
 
     frac: float  # γ: share of clients per round
     local_epochs: int
     batch_size: int
+    optimizer: str  # a key of OPTIMIZERS
     lr: float
-    momentum: float
+    momentum: float | None  # sgd only
+    betas: tuple[float, float] | None  # adam only
     weight_decay: float
     augment: bool  # batched crop + flip where the dataset defines it
     eval_batch_size: int  # batch of inference passes (evaluation, LID, per-sample losses)
 
-    def sgd(self) -> dict:
+    def optim(self, **overrides) -> Optim:
+        """The local optimiser of these settings. A method's stage-specific values (``lr``,
+        ``momentum``, ``betas``, ``weight_decay``: JointOpt's ``train_lr``, FedDyn's decayed lr and
+        α term) replace the shared ones; a value the optimiser does not read is dropped."""
+        values = {"lr": self.lr, "weight_decay": self.weight_decay, "momentum": self.momentum, "betas": self.betas}
+        unknown = sorted(set(overrides) - set(values))
+        if unknown:
+            raise TypeError(f"FLSettings.optim: no optimiser value {unknown[0]!r} (allowed: {', '.join(values)})")
+        values.update(overrides)
+        if unread_key(self.optimizer) is not None:
+            values[unread_key(self.optimizer)] = None
+        if values["betas"] is not None:
+            values["betas"] = tuple(values["betas"])
+        return Optim(self.optimizer, **values)
+
+    def training(self) -> dict:
         """Keyword arguments of ``engine.local_train`` / ``engine.train_from_global``."""
-        return {"epochs": self.local_epochs, "batch_size": self.batch_size, "lr": self.lr,
-                "momentum": self.momentum, "weight_decay": self.weight_decay, "augment": self.augment}
+        return {"epochs": self.local_epochs, "batch_size": self.batch_size, "optim": self.optim(),
+                "augment": self.augment}
 
 
 @dataclass(frozen=True)
@@ -69,6 +112,10 @@ class FederationInfo:
     #: settings, or a real label set's published rate; never measured on labels), for methods
     #: that take it as a known hyperparameter; None when unknown
     noise_rate: float | None = None
+    #: the share of clients the noise configuration makes noisy (rho, a mixed config's noisy groups,
+    #: 1 for real label noise; never counted on labels), for methods that assume a known share of
+    #: Byzantine clients (Krum, trimmed mean); None when unknown
+    noisy_client_share: float | None = None
 
 
 @dataclass

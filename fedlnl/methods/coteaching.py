@@ -1,0 +1,90 @@
+"""Co-teaching as local training — Han et al., "Co-teaching: Robust Training of Deep Neural Networks
+with Extremely Noisy Labels", NeurIPS 2018 (official code https://github.com/bhanML/Co-teaching at
+7c7fbe2), federated as FNBench does it (Jiang et al., https://github.com/Sprinter1999/FNBench at 9cec427:
+``fl_components/update.py::LocalUpdateCoteaching``, ``main_fed_LNL.py``). Facts: methods.md §21.
+
+Algorithm (paper Alg. 1), on every selected client: two networks f and g see each mini-batch D̄; each
+ranks it by its own cross-entropy and keeps its R(T)·|D̄| smallest-loss samples (D̄_f, D̄_g); f is
+updated on D̄_g and g on D̄_f (``pair.exchange``). The forget rate 1 − R(T) = min(T/T_k·τ, τ) rises
+to τ over T_k steps.
+
+Federated adaptation (FNBench)
+- Two global networks, each the n_k-weighted average of its client copies; each participation
+  uploads both (network 2 as ``payload["weights2"]``, counted in ``bytes_up``). Network 2 starts from
+  an independent initialisation (``second_init: all``; ``head`` keeps a pre-trained backbone). The
+  test model is network 1 (FNBench's "global model 1").
+- T counts global rounds: the forget rate of round t is applied to every batch of every client in
+  that round, and T_k = max(1, ⌊``gradual_share``·rounds⌋) (FNBench: num_gradual = warmup_epochs =
+  int(0.2·epochs)). The paper's T_k = 10 epochs of a 200-epoch centralised run has no FL reading;
+  FNBench's is the one that ran.
+- Local training: ``fl`` settings (epochs, batch, lr, momentum, weight decay), a fresh optimiser per
+  round, the per-batch loss of each network the mean CE over its selected samples.
+- No client state: nothing persists on a client between rounds.
+
+Fidelity switches (``${fidelity:<paper>,<FNBench code>}``)
+| switch | paper (default) | reference (FNBench code) | methods.md |
+|---|---|---|---|
+| ``forget_rate`` | ``noise``: τ = the noise rate, known (as the official code's default) | 0.2 for every setting | L1 |
+| ``schedule`` | ``paper``: min(t/T_k·τ, τ) | ``linspace``: linspace(0, τ, T_k)[t] (also the official code) | L2 |
+| ``keep_rounding`` | ``ceil``: the smallest set of at least R(T)·B samples (B = batch size) | ``floor``: int(R(T)·B) (also the official code) | L3 |
+
+``forget_rate: noise`` reads ``FederationInfo.noise_rate`` (the rate the noise config implies, e.g.
+ρ(1+τ)/2·(1 − 1/M) for symmetric noise, or a real label set's published rate; never measured on
+labels), one value for every client as the paper's single τ; a config without a known rate is
+refused before training (methods.md R3). A number is accepted in either mode.
+"""
+from __future__ import annotations
+
+from fedlnl.methods.common import checks, engine, lnl, pair
+from fedlnl.methods.common.protocol import UpdatePlan, local_steps
+
+
+class Coteaching:
+    def __init__(self, fl, forget_rate, gradual_share, schedule, keep_rounding, second_init):
+        lnl.check_rate("forget_rate", forget_rate)
+        checks.number("gradual_share", gradual_share, lambda v: 0.0 <= v <= 1.0,
+                      "a share of the rounds in [0, 1] (T_k = max(1, share·rounds))")
+        checks.choice("schedule", schedule, lnl.SCHEDULES)
+        checks.choice("keep_rounding", keep_rounding, lnl.ROUNDINGS)
+        checks.choice("second_init", second_init, ("all", "head"))
+        self.fl = fl
+        self.forget_rate, self.gradual_share, self.schedule = forget_rate, gradual_share, schedule
+        self.keep_rounding, self.second_init = keep_rounding, second_init
+        self.noise_rate_key = "forget_rate" if forget_rate == lnl.NOISE else None  # preflight checks it is known
+
+    def init(self, model, info, ctx):
+        state = pair.init(model, engine._child_seed(ctx.generator("init", "net2")), self.second_init)
+        state["tau"] = lnl.rate_value("forget_rate", self.forget_rate, info)
+        return state
+
+    def sample_clients(self, state, ctx):
+        return engine.uniform_clients(ctx.num_clients, self.fl.frac, ctx.rng("sample"))
+
+    def forget_rate_at(self, state, ctx) -> float:
+        T_k = max(1, int(self.gradual_share * ctx.total_rounds))
+        return lnl.forget_rate_at(ctx.round, state["tau"], T_k, self.schedule)
+
+    def batch_losses(self, logits1, logits2, labels, forget: float):
+        """The two networks' losses on one batch at forget rate ``forget`` (the cross-update, Alg. 1)."""
+        return pair.coteaching_losses(logits1, logits2, labels,
+                                      lnl.keep_count(labels.numel(), forget, self.keep_rounding))
+
+    def plan_update(self, ctx, k, info, model):
+        """(dry_run) one step a batch updates both networks; both are uploaded."""
+        return UpdatePlan(local_steps(info.client_sizes[k], self.fl.local_epochs, self.fl.batch_size), models=2)
+
+    def client_update(self, state, client, ctx):
+        forget = self.forget_rate_at(state, ctx)
+
+        def rule(logits1, logits2, labels, pos):
+            return self.batch_losses(logits1, logits2, labels, forget)
+
+        return pair.client_update(state, client, ctx, self.fl.training(), rule)
+
+    def aggregate(self, state, updates, ctx):
+        pair.aggregate(state, updates)
+        return state, {"forget_rate": self.forget_rate_at(state, ctx)}
+
+    def eval_model(self, state):
+        engine.set_weights(state["model"], state["global"])
+        return state["model"]

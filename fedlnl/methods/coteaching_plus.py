@@ -1,0 +1,120 @@
+"""Co-teaching+ as local training — Yu et al., "How does Disagreement Help Generalization against Label
+Corruption?", ICML 2019 (official code https://github.com/xingruiyu/coteaching_plus at a68ed61),
+federated as FNBench does it (https://github.com/Sprinter1999/FNBench at 9cec427:
+``fl_components/update.py::LocalUpdateCoteaching`` with ``is_coteaching_plus``). Facts: methods.md §21.
+
+Algorithm (paper Alg. 1), on every selected client, per mini-batch D̄ of two networks: keep the
+prediction-disagreement samples D̄' = {i : argmax f₁(x_i) ≠ argmax f₂(x_i)} (``pair.disagreement``); within D̄' each network keeps its λ(e)·|D̄'| smallest-loss samples and its peer is updated
+on them (Co-teaching's exchange, ``pair.exchange``); λ(e) = 1 − min(e/E_k·τ, τ).
+Before ``init_round`` the rule is plain Co-teaching on the whole batch (the codes' ``init_epoch``).
+
+Federated adaptation (FNBench) — as ``coteaching.py``: two global networks, each n_k-weighted
+averaged; both uploaded; test model network 1; the schedule counts global rounds with
+E_k = max(1, ⌊``gradual_share``·rounds⌋); the disagreement phase starts at round ``init_round``
+(FNBench hard-codes 10 rounds; the official code uses 20 / 5 / 0 epochs on CIFAR-10 / CIFAR-100 /
+MNIST, methods.md §21); fresh optimiser per round; no client state. The round's share of
+disagreeing samples is logged as ``disagree_share``.
+
+Fidelity switches (``${fidelity:<paper>,<FNBench code>}``)
+| switch | paper (default) | reference (FNBench code) | methods.md |
+|---|---|---|---|
+| ``forget_rate`` | ``noise``: τ = the noise rate | 0.2 | L1 |
+| ``schedule`` | ``paper``: min(e/E_k·τ, τ) | ``linspace`` (also the official code) | L2 |
+| ``keep_rounding`` | ``ceil``: at least λ(e)·#D̄' samples | ``floor``: int(λ(e)·#D̄'), possibly 0: a step with zero gradient | L3 |
+| ``loss_on`` | ``logits``: cross-entropy of the network outputs | ``softmax``: cross-entropy of the softmax (a double softmax; also the official code) in the disagreement phase | L4 |
+| ``empty_disagreement`` | ``skip``: no update from a batch without disagreement | ``full_batch``: both networks step on the whole batch's loss (the codes' ``step < 5000`` branch, always taken in FNBench) | L5 |
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from fedlnl.methods.common import checks, engine, lnl, pair
+from fedlnl.methods.common.protocol import UpdatePlan, local_steps
+
+LOSS_ON = ("logits", "softmax")
+EMPTY = ("skip", "full_batch")
+
+
+class CoteachingPlus:
+    def __init__(self, fl, forget_rate, gradual_share, schedule, keep_rounding, init_round, loss_on,
+                 empty_disagreement, second_init):
+        lnl.check_rate("forget_rate", forget_rate)
+        checks.number("gradual_share", gradual_share, lambda v: 0.0 <= v <= 1.0,
+                      "a share of the rounds in [0, 1] (E_k = max(1, share·rounds))")
+        checks.choice("schedule", schedule, lnl.SCHEDULES)
+        checks.choice("keep_rounding", keep_rounding, lnl.ROUNDINGS)
+        checks.integer("init_round", init_round, 0)
+        checks.choice("loss_on", loss_on, LOSS_ON)
+        checks.choice("empty_disagreement", empty_disagreement, EMPTY)
+        checks.choice("second_init", second_init, ("all", "head"))
+        self.fl = fl
+        self.forget_rate, self.gradual_share, self.schedule = forget_rate, gradual_share, schedule
+        self.keep_rounding, self.init_round, self.loss_on = keep_rounding, init_round, loss_on
+        self.empty_disagreement, self.second_init = empty_disagreement, second_init
+        self.noise_rate_key = "forget_rate" if forget_rate == lnl.NOISE else None  # preflight checks it is known
+
+    def init(self, model, info, ctx):
+        state = pair.init(model, engine._child_seed(ctx.generator("init", "net2")), self.second_init)
+        state["tau"] = lnl.rate_value("forget_rate", self.forget_rate, info)
+        return state
+
+    def sample_clients(self, state, ctx):
+        return engine.uniform_clients(ctx.num_clients, self.fl.frac, ctx.rng("sample"))
+
+    def forget_rate_at(self, state, ctx) -> float:
+        E_k = max(1, int(self.gradual_share * ctx.total_rounds))
+        return lnl.forget_rate_at(ctx.round, state["tau"], E_k, self.schedule)
+
+    def _scores(self, logits: torch.Tensor) -> torch.Tensor:
+        """What the disagreement phase's cross-entropy is taken of (L4)."""
+        return logits.softmax(dim=1) if self.loss_on == "softmax" else logits
+
+    def batch_losses(self, logits1, logits2, labels, forget: float, plus: bool, seen: dict | None = None):
+        """The two networks' losses on one batch, or None for no step: Co-teaching on the whole batch
+        before the disagreement phase (``plus`` false), then the exchange within the disagreement set.
+        ``seen`` counts disagreeing and all samples of the phase."""
+        if not plus:
+            return pair.coteaching_losses(logits1, logits2, labels,
+                                          lnl.keep_count(labels.numel(), forget, self.keep_rounding))
+        d = pair.disagreement(logits1, logits2)
+        if seen is not None:
+            seen["disagree"] += d.numel()
+            seen["samples"] += labels.numel()
+        out1, out2 = self._scores(logits1), self._scores(logits2)
+        if d.numel() > 0:
+            return pair.coteaching_losses(out1[d], out2[d], labels[d],
+                                          lnl.keep_count(d.numel(), forget, self.keep_rounding))
+        if self.empty_disagreement == "skip":
+            return None
+        return F.cross_entropy(out1, labels), F.cross_entropy(out2, labels)
+
+    def plan_update(self, ctx, k, info, model):
+        """(dry_run) one step a batch for both networks, both uploaded; in the disagreement phase a
+        batch without disagreement takes no step with ``empty_disagreement=skip`` (an upper bound)."""
+        exact = ctx.round < self.init_round or self.empty_disagreement == "full_batch"
+        return UpdatePlan(local_steps(info.client_sizes[k], self.fl.local_epochs, self.fl.batch_size), models=2,
+                          exact=exact)
+
+    def client_update(self, state, client, ctx):
+        forget, plus = self.forget_rate_at(state, ctx), ctx.round >= self.init_round
+        seen = {"disagree": 0, "samples": 0}
+
+        def rule(logits1, logits2, labels, pos):
+            return self.batch_losses(logits1, logits2, labels, forget, plus, seen)
+
+        update = pair.client_update(state, client, ctx, self.fl.training(), rule)
+        update.metrics = dict(seen)
+        return update
+
+    def aggregate(self, state, updates, ctx):
+        pair.aggregate(state, updates)
+        seen = sum(u.metrics["samples"] for u in updates)
+        out = {"forget_rate": self.forget_rate_at(state, ctx)}
+        if seen:
+            out["disagree_share"] = sum(u.metrics["disagree"] for u in updates) / seen
+        return state, out
+
+    def eval_model(self, state):
+        engine.set_weights(state["model"], state["global"])
+        return state["model"]

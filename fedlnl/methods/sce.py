@@ -1,0 +1,71 @@
+"""Symmetric Cross Entropy (SL) as local training — Wang et al., "Symmetric Cross Entropy for Robust
+Learning with Noisy Labels", ICCV 2019 (official code, Keras:
+https://github.com/YisenWang/symmetric_cross_entropy_for_noisy_labels at ec778df), federated as FNBench
+does it (https://github.com/Sprinter1999/FNBench at 9cec427: ``fl_components/update.py``
+``SCELoss`` / ``LocalUpdateSymmetric``). Facts: methods.md §21.
+
+Loss (the paper's definition of Symmetric Learning; equation numbers not re-read, methods.md §21): ℓ_SL = α·ℓ_CE + β·ℓ_RCE with the reverse cross-entropy
+ℓ_RCE = −Σ_k p(k|x) log q(k|x) of the prediction p against the one-hot label q, where log 0 := A;
+for a one-hot label this is ℓ_RCE = −A·(1 − p_y) (``sce_loss``). Batch means of both terms.
+
+Federated adaptation (FNBench): plain FedAvg whose clients train with ℓ_SL instead of CE (``fl``
+settings, fresh optimiser per round, n_k-weighted averaging); no state anywhere.
+
+Fidelity switches (``${fidelity:<paper>,<FNBench code>}``)
+| switch | paper (default) | reference (FNBench code) | methods.md |
+|---|---|---|---|
+| ``A`` | −4 | ln 1e-4 = −9.21: the one-hot label clamped to [1e-4, 1] (also the official code) | L6 |
+| ``p_min`` | 0: p unclamped | 1e-7: p clamped to [1e-7, 1] inside ℓ_RCE (also the official code) | L7 |
+| ``alpha`` / ``beta`` | per dataset: CIFAR-10 0.1 / 1.0, CIFAR-100 6.0 / 0.1, MNIST-like digits 0.01 / 1.0 | 0.1 / 1.0 on every dataset | L8 |
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from fedlnl.methods.common import checks, engine
+
+
+def sce_loss(logits: torch.Tensor, labels: torch.Tensor, alpha: float, beta: float, A: float,
+             p_min: float = 0.0) -> torch.Tensor:
+    """ℓ_SL = α·ℓ_CE + β·ℓ_RCE (Wang et al.), batch means. ℓ_RCE = −Σ_k p_k log q_k with q the one-hot
+    label and log 0 := A, i.e. −A·Σ_{k≠y} p_k; ``p_min`` clamps p from below first (the codes'
+    1e-7; the clamp's upper bound 1 never binds)."""
+    ce = F.cross_entropy(logits, labels)
+    p = logits.softmax(dim=1)
+    if p_min > 0:
+        p = p.clamp(min=p_min)
+    off = 1.0 - F.one_hot(labels, logits.shape[1]).to(p.dtype)
+    rce = -A * (p * off).sum(dim=1)
+    return alpha * ce + beta * rce.mean()
+
+
+class SCE:
+    def __init__(self, fl, alpha, beta, A, p_min):
+        checks.number("alpha", alpha, lambda v: v >= 0, "a weight >= 0")
+        checks.number("beta", beta, lambda v: v >= 0, "a weight >= 0")
+        checks.number("A", A, lambda v: v < 0, "a number < 0 (log 0 := A)")
+        checks.number("p_min", p_min, lambda v: 0 <= v < 1, "a probability floor in [0, 1)")
+        self.fl = fl
+        self.alpha, self.beta, self.A, self.p_min = alpha, beta, A, p_min
+
+    def init(self, model, info, ctx):
+        return {"model": model, "global": engine.get_weights(model)}
+
+    def sample_clients(self, state, ctx):
+        return engine.uniform_clients(ctx.num_clients, self.fl.frac, ctx.rng("sample"))
+
+    def client_update(self, state, client, ctx):
+        def loss_fn(model, xb, yb, step, gen):
+            return sce_loss(model(xb), yb, self.alpha, self.beta, self.A, self.p_min)
+
+        return engine.train_from_global(state, client, ctx, loss_fn=loss_fn, **self.fl.training())
+
+    def aggregate(self, state, updates, ctx):
+        state["global"] = engine.weighted_average(
+            [u.weights for u in updates], [u.num_samples for u in updates])
+        return state, {}
+
+    def eval_model(self, state):
+        engine.set_weights(state["model"], state["global"])
+        return state["model"]
