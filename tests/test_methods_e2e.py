@@ -4,9 +4,11 @@ Parametrized over fedlnl/conf/method/*.yaml: a new method is covered as soon as 
 """
 import json
 
+import hydra
 import pytest
 
-from conftest import method_names, run_tiny
+from conftest import compose_cfg, method_names, run_tiny
+from fedlnl.methods.common.protocol import FAMILIES
 
 NOISY = ["noise.rho=0.5", "noise.tau=0.5"]
 
@@ -20,6 +22,14 @@ def test_method_runs_end_to_end(tmp_path, method):
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert rows and all({"round", "acc", "comm_cost"} <= set(r) for r in rows)
     assert [r["comm_cost"] for r in rows] == sorted(r["comm_cost"] for r in rows)
+    assert s["family"] in FAMILIES
+
+
+@pytest.mark.parametrize("method", method_names())
+def test_every_method_class_names_its_own_family(method):
+    """A subclass must not inherit its parent's family by accident: each class declares its own."""
+    cls = hydra.utils.get_class(compose_cfg([f"method={method}"]).method._target_)
+    assert "family" in vars(cls) and cls.family in FAMILIES, cls
 
 
 @pytest.mark.parametrize("method", method_names())
