@@ -4,9 +4,11 @@ Parametrized over fedlnl/conf/method/*.yaml: a new method is covered as soon as 
 """
 import json
 
+import hydra
 import pytest
 
 from conftest import compose_cfg, method_names, run_tiny
+from fedlnl.methods.common.protocol import FAMILIES
 
 NOISY = ["noise.rho=0.5", "noise.tau=0.5"]
 
@@ -48,6 +50,14 @@ def test_method_runs_end_to_end_as_planned_and_resumes_mid_run(tmp_path, monkeyp
     written = [json.loads((tmp_path / d / "summary.json").read_text()) for d in ("resumed", "straight")]
     assert {k: written[0][k] for k in keys} == {k: written[1][k] for k in keys}  # as written: NaN scores are null
     assert resumed["status"] == "complete"
+    assert s["family"] in FAMILIES
+
+
+@pytest.mark.parametrize("method", method_names())
+def test_every_method_class_names_its_own_family(method):
+    """A subclass must not inherit its parent's family by accident: each class declares its own."""
+    cls = hydra.utils.get_class(compose_cfg([f"method={method}"]).method._target_)
+    assert "family" in vars(cls) and cls.family in FAMILIES, cls
 
 
 @pytest.mark.parametrize("method", method_names())

@@ -288,7 +288,8 @@ class Runner:
             name, done = self.stopped
             error = f"stopped by {name} after round {done} of {self.total}; resumes from checkpoint.pt when run again"
         summary = {
-            "status": status, "error": error, "effective": self.effective, "method": self.method_name, "dataset": str(self.cfg.dataset.name),
+            "status": status, "error": error, "effective": self.effective, "method": self.method_name,
+            "family": getattr(self.method, "family", None), "dataset": str(self.cfg.dataset.name),
             "model": model_name(self.cfg),
             "seed": int(self.cfg.seed), "variant": self.cfg.get("variant"), "preset": self.cfg.get("preset"),
             **accuracy_summary(self.rows),

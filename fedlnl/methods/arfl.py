@@ -142,6 +142,8 @@ def irls_aggregate(weights: list[dict[str, torch.Tensor]], lam: float, delta: fl
 
 
 class ARFL:
+    family = "robust aggregation"
+
     def __init__(self, fl, lam, delta):
         checks.number("lam", lam, lambda v: v > 0, "a Huber constant λ > 0")
         checks.number("delta", delta, lambda v: 0.0 <= v <= 1.0, "a clipping threshold in [0, 1]")

@@ -40,6 +40,8 @@ from fedlnl.methods.common.protocol import UpdatePlan, local_steps
 
 
 class Coteaching:
+    family = "label-noise learning as local training"
+
     def __init__(self, fl, forget_rate, gradual_share, schedule, keep_rounding, second_init):
         lnl.check_rate("forget_rate", forget_rate)
         checks.number("gradual_share", gradual_share, lambda v: 0.0 <= v <= 1.0,

@@ -37,6 +37,8 @@ EMPTY = ("skip", "full_batch")
 
 
 class CoteachingPlus:
+    family = "label-noise learning as local training"
+
     def __init__(self, fl, forget_rate, gradual_share, schedule, keep_rounding, init_round, loss_on,
                  empty_disagreement, second_init):
         lnl.check_rate("forget_rate", forget_rate)

@@ -53,6 +53,8 @@ from fedlnl.methods.common.protocol import ClientUpdate, UpdatePlan, local_steps
 
 
 class DivideMix:
+    family = "label-noise learning as local training"
+
     #: the shared `fl` keys this method does not read (a typed override of one is refused)
     fl_unused = {"rounds": "its schedule is method.warmup_rounds + method.train_rounds"}
 

@@ -41,6 +41,8 @@ from fedlnl.methods.common.protocol import ALL_CLIENTS, ClientUpdate, UpdatePlan
 
 
 class DivideMixCentral:
+    family = "centralized references"
+
     #: the shared `fl` keys this method does not read (a typed override of one is refused)
     fl_unused = {"rounds": "its schedule is method.epochs (one round = method.epochs_per_round epochs)",
                  "frac": "it trains on the pooled data, no client sampling", "local_epochs": "its schedule is method.epochs"}

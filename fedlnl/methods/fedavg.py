@@ -15,6 +15,8 @@ from fedlnl.methods.common import engine
 
 
 class FedAvg:
+    family = "FL baselines"
+
     def __init__(self, fl):
         self.fl = fl
 

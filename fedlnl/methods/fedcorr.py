@@ -164,6 +164,8 @@ def _derived_seed(seed: int, tag: str) -> int:
 
 # ----------------------------------------------------------------------------------- the method
 class FedCorr:
+    family = "federated label-noise methods"
+
     #: the shared `fl` keys FedCorr does not read (a typed override of one is refused)
     fl_unused = {"rounds": "its schedule is method.T1 iterations + method.T2 + method.T3 rounds"}
 

@@ -259,6 +259,8 @@ def prior_kl(logits: torch.Tensor) -> torch.Tensor:
 
 # ------------------------------------------------------------------------------- the method
 class FedDiv:
+    family = "federated label-noise methods"
+
     def __init__(self, fl, training_rounds, warmup_iterations, mixup_alpha, eta, posterior_threshold,
                  noisy_client_threshold, zeta, xi, m, reg_covar,
                  degraded, local_filter, relabel, pcs, regularizer,

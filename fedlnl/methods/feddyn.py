@@ -50,6 +50,8 @@ from fedlnl.methods.common.protocol import ClientUpdate
 
 
 class FedDyn:
+    family = "FL baselines"
+
     def __init__(self, fl, lr_decay, alpha, adaptive_alpha, max_grad_norm, bernoulli_sampling, eval_cloud):
         checks.number("alpha", alpha, lambda v: v > 0, "a regularisation weight α > 0")
         checks.number("lr_decay", lr_decay, lambda v: 0 < v <= 1, "a per-round factor in (0, 1]")

@@ -99,6 +99,8 @@ def merge_labels(ytilde: torch.Tensor, logits: torch.Tensor, K: float) -> torch.
 
 # ----------------------------------------------------------------------------------- the method
 class FedELC(FedAvg):
+    family = "federated label-noise methods"
+
     def __init__(self, fl, warmup_rounds, K, lambda_, alpha, beta, la_tau, daagg, merge_prediction, distance,
                  gmm_votes, gmm_seeds, detect_augment):
         super().__init__(fl)

@@ -55,6 +55,8 @@ def extrapolate(ref: torch.Tensor, avg: torch.Tensor, eta: float) -> torch.Tenso
 
 
 class FedExP(FedAvg):
+    family = "FL baselines"
+
     def __init__(self, fl, eps, anchor, entries, eval_average):
         checks.number("eps", eps, lambda v: v > 0, "a denominator constant ε > 0")
         checks.choice("anchor", anchor, ANCHORS)

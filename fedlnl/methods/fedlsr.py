@@ -112,6 +112,8 @@ def lsr_loss(logits1, logits2, labels, omega: float, gamma_t: float, gamma_e: fl
 
 # ----------------------------------------------------------------------------------- the method
 class FedLSR(FedAvg):
+    family = "federated label-noise methods"
+
     def __init__(self, fl, gamma, gamma_e, inv_T_d, sharpen_T, warmup_ratio, view, cls_form, entropy_form,
                  js_reduction, view_per_sample, view_space):
         super().__init__(fl)

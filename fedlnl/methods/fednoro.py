@@ -139,6 +139,8 @@ def rampup_weight(rnd: int, begin: int, length: int, a: float) -> float:
 
 # ----------------------------------------------------------------------------------- the method
 class FedNoRo:
+    family = "federated label-noise methods"
+
     def __init__(self, fl, warmup_rounds, lambda_, lambda_rampup, rampup_begin, rampup_rounds, kd_temperature,
                  la_tau, logit_adjust, kd, daagg, distance, gmm_votes, gmm_seeds, kd_student, detect_augment):
         checks.integer("warmup_rounds", warmup_rounds, 1)

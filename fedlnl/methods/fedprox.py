@@ -32,6 +32,8 @@ from fedlnl.methods.common import checks, engine
 
 
 class FedProx:
+    family = "FL baselines"
+
     def __init__(self, fl, mu, prox_form, prox_skip_first):
         checks.number("mu", mu, lambda v: v >= 0, "a proximal weight μ >= 0 (0 = FedAvg)")
         checks.choice("prox_form", prox_form, engine.PROX_FORMS)

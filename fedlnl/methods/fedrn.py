@@ -102,6 +102,8 @@ def ensemble_clean(probs: list[torch.Tensor], weights: list[float], threshold: f
 
 # ----------------------------------------------------------------------------------- the method
 class FedRN(FedAvg):
+    family = "federated label-noise methods"
+
     def __init__(self, fl, warmup_ratio, num_neighbors, w_alpha, p_threshold, gmm_max_iter, gmm_tol,
                  gmm_reg_covar, score_augment):
         super().__init__(fl)

@@ -30,6 +30,8 @@ from fedlnl.methods.fedavg import FedAvg
 
 
 class FedSAM(FedAvg):
+    family = "FL baselines"
+
     def __init__(self, fl, rho):
         checks.number("rho", rho, lambda v: v >= 0, "a SAM radius ρ >= 0 (0 = FedAvg)")
         super().__init__(fl)

@@ -36,6 +36,8 @@ from fedlnl.methods.common.protocol import ALL_CLIENTS, ClientUpdate, UpdatePlan
 
 
 class JointOptCentral:
+    family = "centralized references"
+
     #: the shared `fl` keys this method does not read (a typed override of one is refused)
     fl_unused = {"rounds": "its schedule is method.epochs + method.second_epochs (one round = method.epochs_per_round epochs)",
                  "frac": "it trains on the pooled data, no client sampling",

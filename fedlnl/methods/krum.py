@@ -40,6 +40,8 @@ NEIGHBOURS = ("nearest", "all")
 
 
 class Krum(FedAvg):
+    family = "robust aggregation"
+
     def __init__(self, fl, byzantine_share, f, multi_m, neighbours, integer_buffers):
         robust.check_share("byzantine_share", byzantine_share)
         if f is not None:

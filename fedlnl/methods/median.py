@@ -24,6 +24,8 @@ from fedlnl.methods.common import engine
 
 
 class Median:
+    family = "robust aggregation"
+
     def __init__(self, fl):
         self.fl = fl
 

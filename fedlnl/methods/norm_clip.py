@@ -40,6 +40,8 @@ MEDIAN = "median"
 
 
 class NormClip(FedAvg):
+    family = "robust aggregation"
+
     def __init__(self, fl, clip, max_norm, max_grad_norm):
         checks.choice("clip", clip, CLIPS)
         if max_norm != MEDIAN:

@@ -53,6 +53,8 @@ def highest_loss(candidates: list[int], losses: list[float], m: int) -> list[int
 
 
 class PoC:
+    family = "FL baselines"
+
     def __init__(self, fl, d, weighted, fixed_candidates):
         checks.integer("d", d, 1)
         checks.flag("weighted", weighted)

@@ -33,6 +33,8 @@ from fedlnl.methods.fedavg import FedAvg
 
 
 class RFA(FedAvg):
+    family = "robust aggregation"
+
     def __init__(self, fl, nu, max_iter, tol, stop, weighted, per_tensor):
         checks.number("nu", nu, lambda v: v > 0, "a smoothing ν > 0")
         checks.integer("max_iter", max_iter, 0)

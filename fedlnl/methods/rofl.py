@@ -156,6 +156,8 @@ def aggregate_centroids(f_global: torch.Tensor, f_locals: list[torch.Tensor]) ->
 
 
 class RoFL:
+    family = "federated label-noise methods"
+
     def __init__(self, fl, T_pl, forget_rate, num_gradual, lambda_cen, lambda_e, detach_cen, weighted_avg,
                  pl_augment, cen_normalize=True):
         if not (isinstance(T_pl, int) and T_pl >= 1):

@@ -41,6 +41,8 @@ def sce_loss(logits: torch.Tensor, labels: torch.Tensor, alpha: float, beta: flo
 
 
 class SCE:
+    family = "label-noise learning as local training"
+
     def __init__(self, fl, alpha, beta, A, p_min):
         checks.number("alpha", alpha, lambda v: v >= 0, "a weight >= 0")
         checks.number("beta", beta, lambda v: v >= 0, "a weight >= 0")

@@ -77,6 +77,8 @@ def selection(losses: torch.Tensor, keep: int, refurbished: torch.Tensor) -> tor
 
 
 class SELFIE:
+    family = "label-noise learning as local training"
+
     def __init__(self, fl, noise_rate, q, epsilon, warmup_share, full_history, history_first, restarts):
         lnl.check_rate("noise_rate", noise_rate)
         checks.integer("q", q, 1)

@@ -36,6 +36,8 @@ TRIMS = ("coordinate", "client_score")
 
 
 class TrimmedMean(FedAvg):
+    family = "robust aggregation"
+
     def __init__(self, fl, byzantine_share, f, trim, integer_buffers):
         robust.check_share("byzantine_share", byzantine_share)
         if f is not None:

@@ -10,6 +10,9 @@ A method is one class (one file in ``fedlnl/methods/``) with these hooks; the ru
         state, metrics = method.aggregate(state, updates, ctx)
         evaluate(method.eval_model(state))
 
+Every method class names its ``family`` (a class attribute, one of ``FAMILIES``): the group the
+report shows it in.
+
 Rules: a method never sees clean labels (a ``ClientView`` carries observed labels only), never
 touches the filesystem or W&B, and draws every random number from ``ctx.generator(...)`` so that
 results do not depend on the order in which clients are executed.
@@ -39,6 +42,11 @@ def unread_key(optimizer: str) -> str | None:
     if optimizer not in OPTIMIZERS:
         return None
     return next(key for name, key in OPTIMIZERS.items() if name != optimizer)
+
+#: the method families, in the order the report shows them
+FAMILIES = ("FL baselines", "robust aggregation", "label-noise learning as local training",
+            "federated label-noise methods", "centralized references")
+
 
 #: the shared local-training settings (the ``fl`` group) a method YAML may pin per dataset
 FL_FIELDS = ("frac", "local_epochs", "batch_size", "optimizer", "lr", "momentum", "betas", "weight_decay",
