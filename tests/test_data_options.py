@@ -263,3 +263,21 @@ def test_new_settings_run_tiny_and_enter_the_hash(tmp_path, overrides, change):
     assert s["federation_hash"] == base.hash
     assert fed(cfg, cfg.seed + 1).hash != base.hash  # seeded from the run seed
     assert fed(compose_cfg(["debug=tiny", *overrides, change]), cfg.seed).hash != base.hash
+
+
+def test_a_damaged_image_cache_is_moved_aside_with_one_warning_and_rebuilt(tmp_path, caplog):
+    import logging
+
+    root = tmp_path / "img"
+    tree(root)
+    first = folder(root, tmp_path)
+    (cache,) = (tmp_path / "cache").glob("*.npz")
+    cache.write_bytes(cache.read_bytes()[:200])  # truncated, e.g. by a full disk or a killed writer
+    with caplog.at_level(logging.WARNING, logger="fedlnl"):
+        again = folder(root, tmp_path)
+    lines = [r.getMessage() for r in caplog.records if r.name == "fedlnl"]
+    assert len(lines) == 1 and lines[0].startswith(f"the decoded-image cache {cache} is damaged (")
+    assert f"moved to {cache.name}.corrupt; decoding the images again" in lines[0]
+    assert (cache.parent / f"{cache.name}.corrupt").stat().st_size == 200 and cache.stat().st_size > 200
+    assert np.array_equal(again.x_train.numpy(), first.x_train.numpy())
+    assert np.array_equal(again.y_train.numpy(), first.y_train.numpy())

@@ -14,14 +14,42 @@ NOISY = ["noise.rho=0.5", "noise.tau=0.5"]
 
 
 @pytest.mark.parametrize("method", method_names())
-def test_method_runs_end_to_end(tmp_path, method):
-    s = run_tiny(tmp_path, NOISY, method)
+def test_method_runs_end_to_end_as_planned_and_resumes_mid_run(tmp_path, monkeypatch, method):
+    """A tiny run of every method: complete; its cost as ``dry_run`` planned it (participations,
+    local steps, uploaded bytes: equal where the plan is exact, within it where it is a bound); and,
+    interrupted in the middle (the time-based checkpoint after every round), resumed to exactly the
+    same metrics."""
+    from fedlnl.benchmark import run as runmod
+    from fedlnl.benchmark.plan import compare, plan_config
+
+    extra = [*NOISY, "checkpoint_minutes=1e-9"]  # a checkpoint after every round: resume from any round
+    planned = plan_config(compose_cfg([f"method={method}", "debug=tiny", "logger=none", "device=cpu", *extra]), "cnn")
+    s = run_tiny(tmp_path / "straight", extra, method)
     assert s["status"] == "complete", s
     assert 0.0 <= s["best_acc"] <= 1.0 and s["best_acc"] >= s["final_acc"] - 1e-12
     assert s["rounds_run"] == s["total_rounds"] >= 1
-    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    rows = [json.loads(line) for line in (tmp_path / "straight" / "metrics.jsonl").read_text().splitlines()]
     assert rows and all({"round", "acc", "comm_cost"} <= set(r) for r in rows)
     assert [r["comm_cost"] for r in rows] == sorted(r["comm_cost"] for r in rows)
+    assert compare(planned.as_dict(), s) == [], (planned.as_dict(), s)
+
+    crash_at, real = max(2, s["total_rounds"] // 2 + 1), runmod.Runner.evaluate
+
+    def crash(self, state, rnd, *a):
+        if rnd + 1 == crash_at:
+            raise KeyboardInterrupt
+        return real(self, state, rnd, *a)
+
+    monkeypatch.setattr(runmod.Runner, "evaluate", crash)
+    with pytest.raises(KeyboardInterrupt):
+        run_tiny(tmp_path / "resumed", extra, method)
+    monkeypatch.setattr(runmod.Runner, "evaluate", real)
+    resumed = run_tiny(tmp_path / "resumed", extra, method)
+    assert (tmp_path / "resumed" / "metrics.jsonl").read_bytes() == (tmp_path / "straight" / "metrics.jsonl").read_bytes()
+    keys = ("best_acc", "final_acc", "comm_cost", "local_steps", "bytes_up", "detection", "federation_hash")
+    written = [json.loads((tmp_path / d / "summary.json").read_text()) for d in ("resumed", "straight")]
+    assert {k: written[0][k] for k in keys} == {k: written[1][k] for k in keys}  # as written: NaN scores are null
+    assert resumed["status"] == "complete"
     assert s["family"] in FAMILIES
 
 
@@ -48,7 +76,7 @@ def test_method_never_uses_clean_labels(tmp_path, method, monkeypatch):
         oracle.clean_labels = torch.roll(fed.oracle.clean_labels, 1)
         return fedmod.Federation(**{**fed.__dict__, "oracle": oracle})
 
-    monkeypatch.setattr("fedlnl.benchmark.run.build_federation", scrambled)
+    monkeypatch.setattr("fedlnl.datasets.federation.build_federation", scrambled)
     other = run_tiny(tmp_path / "b", NOISY, method)
     assert other["best_acc"] == base["best_acc"] and other["final_acc"] == base["final_acc"]
     assert other["federation_hash"] == base["federation_hash"]

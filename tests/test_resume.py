@@ -205,6 +205,7 @@ def test_launcher_configs_compose():
     launcher = cfg.hydra.launcher
     assert launcher._target_.endswith("SlurmLauncher")
     assert launcher.gpus_per_node == 1 and launcher.tasks_per_node == 1 and launcher.max_num_timeout > 0
+    assert launcher.signal_delay_s >= 120  # time to finish the round at the time-limit signal
 
 
 @pytest.mark.parametrize("job, count, expected", [(None, 4, "cuda"), (0, 1, "cuda"), (5, 1, "cuda"),
@@ -220,3 +221,117 @@ def test_device_auto_gives_parallel_jobs_one_gpu_each(monkeypatch, job, count, e
     assert str(runmod.resolve_device("auto")) == expected
     assert [str(d) for d in chosen] == ([expected] if ":" in expected else [])
     assert str(runmod.resolve_device("cpu")) == "cpu"
+
+
+# ------------------------------------------------------------------------------- signals
+def _run_cmd(*args) -> list[str]:
+    return [sys.executable, "-m", "fedlnl.benchmark.run", *args, "method=fedavg", "debug=tiny", "logger=none",
+            "device=cpu", "threads=1", "fl.rounds=12", *NOISY]
+
+
+@pytest.mark.parametrize("sig, sweep", [("SIGTERM", False), ("SIGUSR1", True)])
+def test_a_signal_saves_the_round_marks_it_interrupted_and_the_rerun_resumes(tmp_path, sig, sweep):
+    """What SLURM sends at preemption and time limits: the round in progress finishes, a checkpoint
+    and an interrupted summary are written, the lock is released, the exit status is 128 + signal;
+    running the same command again resumes to the uninterrupted numbers (default checkpoints:
+    checkpoint_every=0, none due by time yet)."""
+    from fedlnl.benchmark import run as runmod
+
+    ref = runmod.run(compose_cfg(["method=fedavg", "debug=tiny", "logger=none", "device=cpu", "threads=1",
+                                  "fl.rounds=12", *NOISY]), tmp_path / "straight", "fedavg")
+    where = ["-m", f"hydra.sweep.dir={tmp_path / 'sweep'}", "seed=0,1"] if sweep else [f"hydra.run.dir={tmp_path / 'run'}"]
+    cell = tmp_path / "sweep" / "debug=tiny,fl.rounds=12,method=fedavg,noise.rho=0.6,noise.tau=0.5,seed=0" if sweep \
+        else tmp_path / "run"
+    proc = subprocess.Popen(_run_cmd(*where), cwd=tmp_path, env=ENV, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    deadline = time.time() + 300
+    while not ((cell / "timing.jsonl").exists() and len((cell / "timing.jsonl").read_text().splitlines()) >= 3):
+        assert proc.poll() is None and time.time() < deadline, proc.communicate()[0][-3000:]
+        time.sleep(0.05)
+    proc.send_signal(getattr(signal, sig))
+    log, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 128 + getattr(signal, sig), log[-3000:]
+    summary = json.loads((cell / "summary.json").read_text())
+    done = summary["rounds_run"]
+    assert summary["status"] == "interrupted" and 3 <= done < 12, summary
+    assert summary["error"] == f"stopped by {sig} after round {done} of 12; resumes from checkpoint.pt when run again"
+    assert torch.load(cell / "checkpoint.pt", weights_only=False)["round"] + 1 == done
+    assert not (cell / ".lock").exists() and f"{sig} received: finishing the current round" in log
+    if sweep:  # the sweep stopped with the cell: the next one never started
+        assert not any(p.name.endswith("seed=1") for p in (tmp_path / "sweep").iterdir())
+
+    again = subprocess.run(_run_cmd(*where), cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert f"resuming after round {done} of 12" in again.stdout + again.stderr
+    assert rows_of(cell) == rows_of(tmp_path / "straight")
+    assert numbers(json.loads((cell / "summary.json").read_text())) == numbers(ref)
+
+
+# ------------------------------------------------------------------------------- locks
+def _lock(run_dir, **record):
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / ".lock").write_text(json.dumps(record) + "\n")
+    return run_dir / ".lock"
+
+
+def test_a_lock_is_taken_over_only_when_its_holder_is_provably_gone(tmp_path, monkeypatch, caplog):
+    import socket
+
+    from fedlnl.benchmark.lock import LEASE_S, CellLock
+
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    other = {"host": "another-node", "pid": 4242, "slurm_job": "77"}
+    _lock(tmp_path / "a", **other)  # another machine, heartbeat fresh: alive as far as anyone can tell
+    assert not CellLock(tmp_path / "a").acquire()
+    path = _lock(tmp_path / "b", **other)  # ... without a heartbeat for longer than the lease
+    os.utime(path, (time.time() - LEASE_S - 60,) * 2)
+    with caplog.at_level(logging.WARNING, logger="fedlnl"):
+        assert CellLock(tmp_path / "b").acquire()
+    assert "no heartbeat for 11 min (lease 10 min)" in caplog.text
+    monkeypatch.setenv("SLURM_JOB_ID", "77")  # the requeued job itself, on another node
+    _lock(tmp_path / "c", **other)
+    with caplog.at_level(logging.WARNING, logger="fedlnl"):
+        assert CellLock(tmp_path / "c").acquire()
+    assert f"taking over {tmp_path / 'c' / '.lock'}: it was taken by an earlier run of SLURM job 77" in caplog.text
+    _lock(tmp_path / "d", host=socket.gethostname(), pid=os.getpid(), slurm_job="78")  # alive, another job
+    assert not CellLock(tmp_path / "d").acquire()
+
+
+def test_a_held_lock_beats_and_is_released_only_by_its_holder(tmp_path):
+    from fedlnl.benchmark.lock import CellLock
+
+    lock = CellLock(tmp_path, config_hash="abc", heartbeat_s=0.05)
+    assert lock.acquire() and lock.owner()["config_hash"] == "abc" and lock.owner()["pid"] == os.getpid()
+    os.utime(lock.path, (time.time() - 300,) * 2)
+    deadline = time.time() + 30
+    while lock.age() > 60:  # the heartbeat renews it
+        assert time.time() < deadline
+        time.sleep(0.05)
+    lock.release()
+    assert not lock.path.exists()
+    mine = CellLock(tmp_path)
+    assert mine.acquire()
+    _lock(tmp_path, host="elsewhere", pid=1)  # taken over by someone else meanwhile
+    mine.release()
+    assert json.loads(lock.path.read_text())["host"] == "elsewhere"  # not removed: not ours any more
+
+
+def test_after_saving_the_signal_goes_to_the_handler_it_replaced():
+    """Inside a submitit job the replaced handler is submitit's (it requeues at USR2); then the
+    process exits with 128 + the signal."""
+    from fedlnl.benchmark.stop import StopRequest
+
+    seen = []
+    previous = signal.signal(signal.SIGUSR2, lambda signum, frame: seen.append(signum))
+    try:
+        with StopRequest() as stop:
+            os.kill(os.getpid(), signal.SIGUSR2)
+            deadline = time.time() + 10
+            while stop.signum is None and time.time() < deadline:
+                time.sleep(0.01)
+            assert stop.signum == signal.SIGUSR2 and seen == []  # deferred while the round finishes
+            with pytest.raises(SystemExit) as exc:
+                stop.exit()
+        assert exc.value.code == 128 + signal.SIGUSR2 and seen == [signal.SIGUSR2]
+    finally:
+        signal.signal(signal.SIGUSR2, previous)

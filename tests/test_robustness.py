@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from hydra.core.global_hydra import GlobalHydra
 
-from conftest import REPO, compose_cfg, run_tiny
+from conftest import REPO, compose_cfg, run_tiny, shared_data  # noqa: F401
 
 TINY = ["debug=tiny", "logger=none", "device=cpu"]
 
@@ -69,6 +69,21 @@ MALFORMED = [
     (["dataset=folder"], "dataset.root='???' is invalid"),
     (["dataset=folder", "dataset.root=/nonexistent/fedlnl"], "/nonexistent/fedlnl"),
     (["dataset=cifar10_jpeg", "dataset.root=/nonexistent/fedlnl"], "/nonexistent/fedlnl"),
+    # issue 19: model constructors, command-line forms and values that used to give a traceback or train silently
+    (["model=lenet"], "model=lenet cannot be built for dataset=digits (1x8x8 images, 10 classes): LeNet needs"),
+    (["model=resnet50"], "model=resnet50 cannot be built for dataset=digits (1x8x8 images, 10 classes): ResNet-50"),
+    (["model=resnet50", "model.pretrained=true", "dataset=synthetic", "dataset.channels=1"],
+     "pretrained ResNet-50 needs 3 input channels, got 1"),
+    (["~fl.lr"], "~fl.lr is invalid: deleting a key is not supported"),
+    (["~method"], "~method is invalid: deleting a key is not supported"),
+    (["seed=99999999999999999999"], "seed=99999999999999999999 is invalid: allowed an integer in [0, 2**63 - 1]"),
+    ([f"name={'x' * 300}"], "of at most 60 characters (got 300)"),
+    (["threads=1000"], "threads=1000 is invalid: allowed an integer in [0, "),
+    (["fl.lr=0.1", "fl.lr=0.2"], "fl.lr is given twice (fl.lr=0.1 and fl.lr=0.2): keep one"),
+    (["+unknown=3"], "+unknown=3 is invalid: unknown is not a key of the config"),
+    (["+fl.foo=3"], "+fl.foo=3 is invalid: fl.foo is not a key of the config"),
+    (["+logger.foo=3"], "+logger.foo=3 is invalid"),
+    (["checkpoint_minutes=-1"], "checkpoint_minutes=-1 is invalid"),
 ]
 
 
@@ -192,30 +207,86 @@ def test_two_processes_on_one_sweep_never_train_a_cell_twice(tmp_path):
         assert [r["round"] for r in rows] == [1, 2]  # one writer: no interleaved rows
 
 
+def wandb_steps(run_dir: Path) -> dict[str, list[int]]:
+    """{offline run folder: the history steps its .wandb file holds} (the file's record log: 32 KiB
+    blocks of records with a 7-byte header each, FULL or FIRST/MIDDLE/LAST fragments)."""
+    import struct
+
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    out = {}
+    for path in sorted((run_dir / "wandb").glob("offline-run-*/*.wandb")):
+        data, pos, block, records, part = path.read_bytes(), 7, 32768, [], b""
+        while pos + 7 <= len(data):
+            if block - pos % block < 7:
+                pos += block - pos % block
+                continue
+            _crc, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+            chunk, pos = data[pos + 7:pos + 7 + length], pos + 7 + length
+            if kind == 0 and length == 0:
+                break
+            if kind in (1, 4):
+                records.append(part + chunk)
+                part = b""
+            else:
+                part += chunk
+        steps = []
+        for raw in records:
+            record = pb.Record()
+            record.ParseFromString(raw)
+            if record.WhichOneof("record_type") == "history":
+                steps.append(record.history.step.num)
+        out[path.parent.name] = steps
+    return out
+
+
 def test_a_resumed_run_continues_its_own_wandb_run(tmp_path, monkeypatch):
+    """Offline, a run killed after its checkpoint and resumed leaves one W&B run with every round:
+    the earlier attempt's folder is replaced, the rounds up to the checkpoint are logged again."""
     pytest.importorskip("wandb")
     from fedlnl.benchmark import run as runmod
 
     monkeypatch.setenv("WANDB_MODE", "offline")
-    cfg = compose_cfg(["method=fedavg", *TINY, "logger=wandb", "logger.mode=offline", "fl.rounds=3",
-                       "checkpoint_every=1"])
+    cfg = compose_cfg(["method=fedavg", *TINY, "logger=wandb", "logger.mode=offline", "fl.rounds=4",
+                       "checkpoint_every=2"])
     real = runmod.Runner.evaluate
 
-    def crash_at_round_2(self, state, rnd, *a):
-        if rnd == 1:
+    def crash_at_round_3(self, state, rnd, *a):
+        if rnd == 2:
             raise KeyboardInterrupt
         return real(self, state, rnd, *a)
 
-    monkeypatch.setattr(runmod.Runner, "evaluate", crash_at_round_2)
+    monkeypatch.setattr(runmod.Runner, "evaluate", crash_at_round_3)
     with pytest.raises(KeyboardInterrupt):
         runmod.run(cfg, tmp_path, "fedavg")
     failed = json.loads((tmp_path / "summary.json").read_text())
     assert failed["status"] == "failed" and failed["error"] == "KeyboardInterrupt"
+    assert list(wandb_steps(tmp_path).values()) == [[1, 2]]
     monkeypatch.setattr(runmod.Runner, "evaluate", real)
     resumed = runmod.run(cfg, tmp_path, "fedavg")
-    assert resumed["status"] == "complete" and resumed["rounds_run"] == 3
-    ids = {p.name.rsplit("-", 1)[-1] for p in (tmp_path / "wandb").glob("offline-run-*")}
-    assert len(list((tmp_path / "wandb").glob("offline-run-*"))) == 2 and len(ids) == 1  # one W&B run, resumed
+    assert resumed["status"] == "complete" and resumed["rounds_run"] == 4
+    steps = wandb_steps(tmp_path)
+    assert list(steps.values()) == [[1, 2, 3, 4]], steps  # one run, no stub, no gap
+    assert next(iter(steps)).endswith(runmod.Runner(cfg, tmp_path, "fedavg", "single", None).wandb_id())
+
+
+def test_online_wandb_without_a_server_falls_back_to_offline(tmp_path, monkeypatch, caplog):
+    """No answer from the W&B server: one warning line, the run logs offline and completes."""
+    pytest.importorskip("wandb")
+    import logging
+
+    monkeypatch.setenv("WANDB_API_KEY", "0" * 40)  # a login is known; the server is what is missing
+    monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "wandb-config"))  # no settings file of this machine
+    monkeypatch.setenv("WANDB_BASE_URL", "http://127.0.0.1:9")  # the discard port: nothing listens
+    cfg = compose_cfg(["method=fedavg", *TINY, "logger=wandb", "logger.mode=online", "fl.rounds=2"])
+    from fedlnl.benchmark.run import run
+
+    with caplog.at_level(logging.WARNING, logger="fedlnl"):
+        s = run(cfg, tmp_path, "fedavg")
+    assert s["status"] == "complete" and len(_rows(tmp_path / "metrics.jsonl")) == 2
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("W&B:")]
+    assert len(lines) == 1 and "cannot reach http://127.0.0.1:9" in lines[0] and "logging offline" in lines[0]
+    assert list(wandb_steps(tmp_path).values()) == [[1, 2]]
 
 
 def test_a_failure_after_training_started_keeps_metrics_and_says_why(tmp_path, monkeypatch):
@@ -292,5 +363,238 @@ def test_dry_run_lists_the_cells_and_what_is_left_without_running_anything(tmp_p
     code, out, err = cli(["-m", "method=fedavg", "seed=0,1,2", "fl.rounds=2", *TINY, f"hydra.sweep.dir={sweep}",
                           "dry_run=true"], tmp_path)
     assert code == 0, err[-2000:]
-    assert "3 cells, 2 complete, 1 to run (~6 client participations)" in out  # 2 rounds x 3 of 6 clients
+    # 2 rounds x 3 of 6 clients, one epoch of 32-sample batches over 239-240 samples: 8 steps an update
+    assert "3 cells, 2 complete, 1 to run: 6 client participations, 48 local steps" in out
+    cell = [ln for ln in out.splitlines() if "method=fedavg,seed=2" in ln][0].split()
+    assert cell[1:5] == ["fedavg", "2", "6", "48"] and cell[-2:] == ["to", "run"], cell
     assert "time left: ~" in out and sorted(p.name for p in sweep.iterdir()) == before
+
+
+def test_dry_run_of_a_single_run_prints_its_plan_and_trains_nothing(tmp_path):
+    code, out, err = cli(["method=fedcorr", *TINY, "dry_run=true"], tmp_path)
+    assert code == 0, err[-2000:]
+    assert "fedcorr seed 0: 16 rounds, ≤24 client participations, ≤192 local steps" in out
+    assert "dry_run=true: nothing was trained or written" in out and not any(tmp_path.iterdir())
+
+
+def test_a_plan_without_the_data_lists_the_cells_and_says_why(tmp_path):
+    """A plan may be made where the data is not (a login node): the cells are listed without figures;
+    the same sweep, run, is refused."""
+    args = ["-m", "method=fedavg,fedprox", "dataset=folder", "dataset.root=/nonexistent/fedlnl", "logger=none",
+            "device=cpu", "fl.rounds=1", f"hydra.sweep.dir={tmp_path / 'sweep'}"]
+    code, out, err = cli([*args, "dry_run=true"], tmp_path)
+    assert code == 0, err[-2000:]
+    assert out.count("no plan: data not available here") == 2 and "/nonexistent/fedlnl" in out
+    assert not any(tmp_path.iterdir())
+    assert_sweep_refused(cli(args, tmp_path), "/nonexistent/fedlnl", 2, 2, tmp_path)
+
+
+# ------------------------------------------------------------------------- sweeps checked whole
+def assert_sweep_refused(result, message: str, bad: int, total: int, cwd: Path) -> None:
+    """Exit 2, one line per bad cell naming it and ``message``, a count line, nothing written."""
+    code, out, err = result
+    lines = [ln for ln in (out + err).splitlines() if "error:" in ln]
+    assert code == 2, (code, out[-2000:], err[-2000:])
+    assert all(ln.startswith("fedlnl-run: error: ") for ln in lines), lines
+    cells = [ln for ln in lines if "cell [" in ln]
+    assert len(cells) == bad and all(message in ln for ln in cells), lines
+    assert lines[-1] == f"fedlnl-run: error: {bad} of {total} cells are invalid; nothing was run"
+    assert "Traceback" not in out + err
+    assert not any(cwd.iterdir()), f"left behind: {sorted(p.name for p in cwd.rglob('*'))}"
+
+
+#: (sweep overrides, text every bad cell's line holds, bad cells, cells): checks that need the data or
+#: the model, made for every cell before the first trains (a bad later cell included)
+SWEEP_BAD = [
+    (["fl.num_clients=5000", "method=fedavg,fedprox"], "fl.num_clients=5000 is invalid: allowed an integer in [1, 1437]", 2, 2),
+    (["partition=noniid", "partition.p=0.05", "fl.num_clients=10", "method=fedavg,fedprox"],
+     "class 2 (142 samples) is held by no client", 2, 2),
+    (["model=cnn,vgg11"], "model=vgg11 cannot take dataset=digits images of 1x8x8", 1, 2),
+    (["model=cnn,lenet,resnet50"], "cannot be built for dataset=digits (1x8x8 images, 10 classes)", 2, 3),
+    (["seed=0,99999999999999999999"], "seed=99999999999999999999 is invalid", 1, 2),
+    (["threads=1,1000"], "threads=1000 is invalid", 1, 2),
+    ([f"name={'x' * 300}"], "of at most 60 characters", 1, 1),
+]
+
+
+@pytest.mark.parametrize("overrides, message, bad, total", SWEEP_BAD, ids=[" ".join(o)[:40] for o, *_ in SWEEP_BAD])
+def test_a_sweep_refuses_every_bad_cell_before_the_first_trains(tmp_path, overrides, message, bad, total):
+    keys = {o.split("=")[0] for o in overrides}
+    args = ["-m", *overrides, *(t for t in TINY if t.split("=")[0] not in keys), "fl.rounds=1",
+            f"hydra.sweep.dir={tmp_path / 'sweep'}"]
+    assert_sweep_refused(cli(args, tmp_path), message, bad, total, tmp_path)
+
+
+def test_a_sweep_with_the_cfg_flag_is_one_line(tmp_path):
+    assert_refused(cli(["-m", "method=fedavg,fedprox", "--cfg", "job", *TINY], tmp_path),
+                   "-m and --cfg cannot be combined", tmp_path)
+
+
+# ------------------------------------------------------------------------- run directories
+def test_a_run_directory_of_another_config_is_refused_and_left_untouched(tmp_path):
+    run_dir = tmp_path / "runs" / "mine"
+    code, _, err = cli([*TINY, "fl.rounds=2", f"hydra.run.dir={run_dir}"], tmp_path)
+    assert code == 0, err[-2000:]
+    before = {p.relative_to(run_dir): p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
+    result = cli([*TINY, "fl.rounds=2", "fl.lr=0.02", f"hydra.run.dir={run_dir}"], tmp_path)
+    code, out, err = result
+    assert code == 2 and "Traceback" not in out + err
+    errors = [ln for ln in (out + err).splitlines() if "error:" in ln]
+    assert errors == [f"fedlnl-run: error: {run_dir} holds a complete run of another config (fl.lr: 0.05 -> 0.02): "
+                      "set hydra.run.dir= to another directory, or move that run away"], errors
+    after = {p.relative_to(run_dir): p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
+    assert after == before  # summary, metrics, .hydra/ and run.log as they were
+
+
+def test_a_lock_that_is_a_directory_is_refused(tmp_path):
+    run_dir = tmp_path / "run"
+    (run_dir / ".lock").mkdir(parents=True)
+    code, out, err = cli([*TINY, f"hydra.run.dir={run_dir}"], tmp_path)
+    errors = [ln for ln in (out + err).splitlines() if "error:" in ln]
+    assert code == 2 and len(errors) == 1 and f"{run_dir}/.lock is a directory, not a lock file: remove it" in errors[0]
+    assert sorted(p.name for p in run_dir.iterdir()) == [".lock"]
+
+
+@pytest.mark.parametrize("obstacle", ["file", "read-only"])
+def test_an_output_path_that_cannot_be_written_is_refused(tmp_path, obstacle):
+    if obstacle == "file":
+        (tmp_path / "results").write_text("not a directory")
+        expected = f"{tmp_path / 'results'} is a file, not a directory"
+    else:
+        if os.geteuid() == 0:
+            pytest.skip("root writes into read-only directories")
+        (tmp_path / "results").mkdir()
+        (tmp_path / "results").chmod(0o555)
+        expected = f"{tmp_path / 'results'} is not writable"
+    before = sorted(p.name for p in tmp_path.rglob("*"))
+    code, out, err = cli([*TINY, f"hydra.run.dir={tmp_path / 'results' / 'run'}"], tmp_path)
+    errors = [ln for ln in (out + err).splitlines() if "error:" in ln]
+    assert code == 2 and len(errors) == 1 and expected in errors[0], errors
+    assert sorted(p.name for p in tmp_path.rglob("*")) == before
+
+
+def test_a_sweep_directory_that_cannot_be_created_is_refused(tmp_path):
+    (tmp_path / "results").write_text("not a directory")
+    code, out, err = cli(["-m", "method=fedavg,fedprox", *TINY, f"hydra.sweep.dir={tmp_path / 'results' / 'sweep'}"],
+                         tmp_path)
+    errors = [ln for ln in (out + err).splitlines() if "error:" in ln]
+    assert code == 2 and errors == [f"fedlnl-run: error: hydra.sweep.dir={tmp_path / 'results' / 'sweep'} cannot "
+                                    f"be created: {tmp_path / 'results'} is a file, not a directory"], errors
+
+
+def test_a_refusal_removes_only_what_this_process_made(tmp_path, monkeypatch):
+    """Directories the user made beforehand, and the current directory, stay (issue: cleanup removed
+    up to two empty parents); the job directory Hydra made for the refused run goes."""
+    from fedlnl.benchmark import run as runmod
+
+    made = tmp_path / "mine" / "empty"  # made by the user, empty
+    made.mkdir(parents=True)
+    run_dir = made / "results" / "run"
+    monkeypatch.setattr(runmod, "_BEFORE", {})
+    runmod._snapshot(run_dir)
+    (run_dir / ".hydra").mkdir(parents=True)  # what Hydra writes before the task runs
+    (run_dir / "run.log").write_text("")
+    runmod._remove_made_dirs(run_dir)
+    assert made.is_dir() and not (made / "results").exists()
+
+    own = tmp_path / "own"  # a run directory the user made, holding a note
+    own.mkdir()
+    (own / "notes.txt").write_text("keep")
+    runmod._BEFORE.clear()
+    runmod._snapshot(own)
+    (own / ".hydra").mkdir()
+    (own / "run.log").write_text("")
+    runmod._remove_made_dirs(own)
+    assert sorted(p.name for p in own.iterdir()) == ["notes.txt"]
+
+
+def test_a_refused_run_leaves_the_users_empty_directories(tmp_path):
+    (tmp_path / "results" / "runs").mkdir(parents=True)
+    code, _, err = cli(["model=lenet", *TINY], tmp_path)
+    assert code == 2 and "model=lenet cannot be built" in err
+    assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == ["results", "results/runs"]
+
+
+def test_a_sweep_cell_of_another_config_is_named(tmp_path):
+    sweep = tmp_path / "sweep"
+    code, _, err = cli(["-m", "method=fedavg", *TINY, "fl.rounds=1", f"hydra.sweep.dir={sweep}"], tmp_path)
+    assert code == 0, err[-2000:]
+    cell = sweep / "debug=tiny,fl.rounds=1,method=fedavg"
+    summary = json.loads((cell / "summary.json").read_text())
+    summary["config_hash"], summary["config"]["fl"]["lr"] = "0" * 16, 0.5  # as if a default had changed
+    (cell / "summary.json").write_text(json.dumps(summary))
+    code, out, err = cli(["-m", "method=fedavg", *TINY, "fl.rounds=1", f"hydra.sweep.dir={sweep}"], tmp_path)
+    assert code == 2 and f"{cell} holds a complete run of another config (fl.lr: 0.5 -> 0.05)" in err
+    assert "1 of 1 cells are invalid; nothing was run" in err
+
+
+def test_a_sweep_names_the_cells_another_process_is_training(tmp_path):
+    import socket
+
+    sweep = tmp_path / "sweep"
+    cell = sweep / "debug=tiny,fl.rounds=1,method=fedavg,seed=1"
+    cell.mkdir(parents=True)
+    (cell / ".lock").write_text(f"{socket.gethostname()} {os.getpid()}\n")  # alive: this process
+    code, out, err = cli(["-m", "method=fedavg", "seed=0,1", *TINY, "fl.rounds=1", f"hydra.sweep.dir={sweep}"], tmp_path)
+    assert code == 0, err[-2000:]
+    warning = [ln for ln in err.splitlines() if "being trained by another process" in ln]
+    assert len(warning) == 1 and f"{cell.name} (pid {os.getpid()} on {socket.gethostname()}" in warning[0], err[-2000:]
+    assert not (cell / "summary.json").exists() and (sweep / "debug=tiny,fl.rounds=1,method=fedavg,seed=0" / "summary.json").exists()
+
+
+# ------------------------------------------------------------------------- damaged inputs
+def test_a_damaged_cifarn_file_is_one_line_naming_it(tmp_path):
+    import numpy as np
+
+    from fedlnl.datasets import DataError
+    from fedlnl.datasets.noise import cifarn_labels
+
+    bad = tmp_path / "CIFAR-10_human.pt"
+    bad.write_bytes(b"PK\x03\x04 truncated")
+    with pytest.raises(DataError) as err:
+        cifarn_labels(bad, "aggre", np.zeros(10, dtype=np.int64))
+    assert str(err.value).startswith(f"CIFAR-N file {bad} is damaged (") and "download CIFAR-10_human.pt again" in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_a_damaged_cifarn_file_stops_the_run_before_training(tmp_path, shared_data):
+    bad = tmp_path / "cifarn" / "CIFAR-10_human.pt"
+    bad.parent.mkdir()
+    bad.write_bytes((shared_data / "cifar-n" / "CIFAR-10_human.pt").read_bytes()[:5000])  # truncated
+    work = tmp_path / "work"
+    work.mkdir()
+    assert_refused(cli(["dataset=cifar10_jpeg", f"dataset.root={shared_data / 'cifar10-jpeg'}", "noise=cifarn",
+                        f"noise.file={bad}", "model=lenet", "logger=none", "device=cpu", "fl.rounds=1"], work),
+                   f"CIFAR-N file {bad} is damaged", work)
+
+
+# ------------------------------------------------------------------------- the disk
+def test_a_full_disk_is_one_line_and_leaves_no_temporary_file(tmp_path, monkeypatch):
+    from fedlnl.benchmark import run as runmod
+
+    def full(obj, path, *a, **k):
+        Path(path).write_bytes(b"PK\x03\x04 half")  # what torch leaves when the write fails
+        raise RuntimeError("[enforce fail at inline_container.cc:664] . unexpected pos 64 vs 0")
+
+    monkeypatch.setattr(runmod.torch, "save", full)
+    run_dir = tmp_path / "run"
+    code, out, err = cli([*TINY, "fl.rounds=3", "checkpoint_every=1", f"hydra.run.dir={run_dir}"], tmp_path)
+    errors = [ln for ln in (out + err).splitlines() if "error:" in ln]
+    assert code == 1 and len(errors) == 1 and "Traceback" not in out + err, (out + err)[-3000:]
+    assert f"could not write {run_dir / 'checkpoint.pt'}" in errors[0] and "MB free on its file system" in errors[0]
+    assert not [p for p in run_dir.rglob("*") if p.name.endswith(".tmp")]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "failed" and "could not write" in summary["error"]
+
+
+def test_a_single_run_whose_directory_another_process_trains_says_so_and_fails(tmp_path):
+    import socket
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / ".lock").write_text(f"{socket.gethostname()} {os.getpid()}\n")  # alive: this process
+    code, out, err = cli([*TINY, f"hydra.run.dir={run_dir}"], tmp_path)
+    errors = [ln for ln in (out + err).splitlines() if "error:" in ln]
+    assert code == 1 and errors == [f"fedlnl-run: error: {run_dir} is being trained by another process (pid "
+                                    f"{os.getpid()} on {socket.gethostname()}, " + errors[0].split(", ", 1)[1]]
+    assert "this run did nothing" in errors[0] and not (run_dir / "metrics.jsonl").exists()

@@ -5,9 +5,16 @@ This is the only module that imports wandb, and only when a W&B sink is built.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
+import shutil
+import socket
+import threading
 from pathlib import Path
+from urllib.parse import urlparse
+
+log = logging.getLogger("fedlnl")
 
 
 def _clean(value):
@@ -29,11 +36,15 @@ def write_json_atomic(path: Path, obj) -> None:
     """Write JSON to a temporary file and rename it over ``path``: readers never see half a file."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w") as f:
-        json.dump(_clean(obj), f, indent=2, sort_keys=True)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w") as f:
+            json.dump(_clean(obj), f, indent=2, sort_keys=True)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # a full disk leaves no half-written temporary file
+        raise
 
 
 #: row keys measured by the wall clock: kept out of metrics.jsonl (which is byte-identical between
@@ -64,25 +75,55 @@ class JsonlSink:
 
 
 class WandbSink:
-    """One W&B run per run directory; finished in ``close`` before the next job starts. ``run_id``
-    is stable for the run directory, so a run resumed from its checkpoint continues the same W&B
-    run (``resume="allow"``) instead of leaving a stub and starting a second one."""
+    """One W&B run per run directory; finished in ``close`` before the next job starts.
+
+    ``run_id`` is stable for the run directory and config, so a run resumed from its checkpoint
+    continues the same W&B run: online, W&B resumes it (``resume="allow"``) and the rows it already
+    holds are not sent again; offline, the earlier attempts' ``offline-run-*-<id>`` folders are
+    replaced by one that holds every row (``history``: the rows up to the checkpoint, logged first),
+    so ``wandb sync`` uploads one complete run, not a stub and a tail. Online mode without a
+    reachable W&B server falls back to offline within ``PROBE_S`` seconds, with one warning line."""
+
+    PROBE_S = 3.0
 
     def __init__(self, cfg: dict, run_dir: Path, name: str, group: str, tags: list[str],
-                 mode: str, project: str, entity: str | None, run_id: str):
+                 mode: str, project: str, entity: str | None, run_id: str, history: list[dict] = ()):
         import wandb  # local import: wandb is loaded only when this sink is used
 
-        self.wandb = wandb
-        self.run = wandb.init(
-            project=project, entity=entity, group=group, name=name, tags=tags, config=cfg,
-            dir=str(run_dir), mode=mode, reinit="finish_previous", id=run_id, resume="allow",
-            settings=wandb.Settings(silent=True, console="off"),
-        )
+        self.wandb, self.first_step = wandb, 0
+        if mode == "online":
+            url = os.environ.get("WANDB_BASE_URL") or wandb.setup().settings.base_url  # env, else settings files
+            problem = _unreachable(url, self.PROBE_S)
+            if problem:
+                log.warning("W&B: %s; logging offline to %s/wandb (upload later with `wandb sync`)", problem, run_dir)
+                mode = "offline"
+        if mode == "offline":
+            for old in Path(run_dir, "wandb").glob(f"offline-run-*-{run_id}"):  # earlier attempts of this run
+                shutil.rmtree(old, ignore_errors=True)
+        kwargs = dict(project=project, entity=entity, group=group, name=name, tags=tags, config=cfg,
+                      dir=str(run_dir), reinit="finish_previous", id=run_id, resume="allow")
+        try:
+            self.run = wandb.init(mode=mode, settings=wandb.Settings(silent=True, console="off", init_timeout=30),
+                                  **kwargs)
+        except Exception as err:  # noqa: BLE001  (the server refused or timed out: keep the run going)
+            if mode != "online":
+                raise
+            log.warning("W&B: online start failed (%s); logging offline to %s/wandb (upload later with "
+                        "`wandb sync`)", str(err).strip().splitlines()[0][:200] if str(err).strip() else
+                        type(err).__name__, run_dir)
+            self.run = wandb.init(mode="offline", settings=wandb.Settings(silent=True, console="off"), **kwargs)
+            mode = "offline"
+        if mode == "online":
+            self.first_step = int(getattr(self.run, "step", 0) or 0)  # rows the server already holds
+        for row in history:
+            self.log(row)
 
     def log(self, row: dict) -> None:
         row = _clean(row)
         per_class = {f"class_acc/{c}": v for c, v in enumerate(row.get("class_acc") or []) if v is not None}
         row = {k: v for k, v in row.items() if isinstance(v, (int, float)) and v is not None}
+        if int(row["round"]) < self.first_step:  # already in the resumed online run
+            return
         self.run.log({**row, **per_class}, step=int(row["round"]))
 
     def summary(self, summary: dict) -> None:
@@ -95,6 +136,8 @@ class WandbSink:
             self.run.summary[f"cost_to_{zeta}_balanced"] = cost
 
     def close(self, status: str = "complete") -> None:
+        if status == "interrupted" and hasattr(self.run, "mark_preempting"):
+            self.run.mark_preempting()  # W&B shows it preempted, then running again when resumed
         self.run.finish(exit_code=0 if status in ("complete", "diverged") else 1)  # failed -> marked failed
 
 
@@ -113,3 +156,24 @@ class Sinks:
     def close(self, status: str = "complete") -> None:
         for s in self.sinks:
             s.close(status)
+
+
+def _unreachable(url: str, seconds: float) -> str | None:
+    """Why ``url``'s host cannot be reached within ``seconds`` (name lookup and TCP connect), or None."""
+    parts = urlparse(url)
+    host, port = parts.hostname, parts.port or (443 if parts.scheme == "https" else 80)
+    if not host:
+        return f"no server in the W&B base URL {url!r}"
+    result: list = []
+
+    def connect():
+        try:
+            socket.create_connection((host, port), timeout=seconds).close()
+            result.append(None)
+        except OSError as err:
+            result.append(f"cannot reach {url} ({type(err).__name__}: {err})")
+
+    probe = threading.Thread(target=connect, daemon=True)
+    probe.start()
+    probe.join(seconds)
+    return result[0] if result else f"no answer from {url} within {seconds:.0f} s"

@@ -5,12 +5,20 @@
 2. ``check_cell``: one composed cell without data: ``validate`` (every runner/federation key), the
    method built from its YAML with its ``FLSettings`` (its own hyperparameter checks), and typed
    ``fl.*`` overrides that could not take effect. The sweeper runs it for every cell of a sweep.
-3. ``check_data`` / ``check_model``: what needs the loaded dataset (number of samples, image size).
+3. ``build_cell``: what needs the loaded dataset, built by the same code the run uses: the number
+   of samples, the federation (partition sizes, class coverage, noise inputs), the model (its
+   constructor's checks, offline weights, one forward pass at the dataset's image size) and the
+   method's schedule on the federation. A single run makes every check before Hydra creates its
+   directory; a sweep makes them for every cell before the first one trains.
 """
 from __future__ import annotations
 
 import dataclasses
+import json
+import logging
+import os
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -19,8 +27,10 @@ from omegaconf.errors import OmegaConfBaseException
 
 from fedlnl.benchmark import compose
 from fedlnl.benchmark.validate import ConfigError, check_fl, validate
+from fedlnl.methods.common.protocol import FederationInfo
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
+log = logging.getLogger("fedlnl")
 
 #: errors of the data layer that carry a sentence for the user (missing files, bad folders, ...)
 DATA_ERRORS: tuple[type[BaseException], ...] = (FileNotFoundError,)
@@ -42,6 +52,15 @@ DATA_ERRORS += (ValueError,)  # partition/noise settings the data cannot satisfy
 def first_line(err: BaseException) -> str:
     text = str(err).strip()
     return text.splitlines()[0] if text else type(err).__name__
+
+
+#: seeds numpy, torch and the seeded generators all take
+SEED_MAX = 2**63 - 1
+SEED_RANGE = "an integer in [0, 2**63 - 1]"
+
+
+def valid_seed(text: str) -> bool:
+    return text.isdigit() and int(text) <= SEED_MAX
 
 
 # ------------------------------------------------------------------------------------ one cell
@@ -77,8 +96,116 @@ def check_noise_rate(method, resolved: dict) -> None:
                               f"set {path}.{key}=<a share in [0, 1)>")
 
 
+def cores() -> int:
+    """The CPU cores this process may run on (its affinity: a SLURM allocation, taskset)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS, Windows
+        return os.cpu_count() or 1
+
+
+def check_threads(cfg) -> None:
+    """``threads`` above the cores this process may use only slows torch down: refused here (a run
+    on this machine); a task on another machine (SLURM) clamps it instead (``usable_threads``)."""
+    threads, n = cfg.get("threads"), cores()
+    if isinstance(threads, int) and not isinstance(threads, bool) and threads > n:
+        raise ConfigError(f"threads={threads} is invalid: allowed an integer in [0, {n}] (the cores this process "
+                          f"may use; 0 = torch's default)")
+
+
+def usable_threads(threads: int) -> int:
+    n = cores()
+    if threads > n:
+        log.warning("threads=%d exceeds the %d cores this process may use: using %d", threads, n, n)
+        return n
+    return threads
+
+
 def check_data(cfg, num_train: int) -> None:
     validate(cfg, num_train=num_train)
+
+
+class DataUnavailable(ConfigError):
+    """The dataset cannot be loaded on this machine (missing, not downloadable from here). A run
+    refuses; a plan lists the cell without figures; a SLURM sweep leaves the check to its tasks
+    (the data may live on the compute nodes only)."""
+
+
+@dataclass
+class Cell:
+    """A cell built up to the point where training starts: everything the data-dependent checks
+    need, and what the runner and the planner use."""
+
+    fed: object  # datasets.Federation
+    info: FederationInfo
+    model: torch.nn.Module
+    total: int  # the method's schedule length on this federation
+
+
+def build_cell(cfg, method, model_label: str, device="cpu", models: dict | None = None) -> Cell:
+    """Load the data, build the federation and the model, and size the schedule, raising
+    ConfigError with one line for anything the data or the model cannot satisfy. ``models``
+    memoises models by config and data shape (a sweep's checks; a run builds its own)."""
+    from fedlnl.datasets.federation import build_federation, load_source
+
+    where = None if models is None else "source:" + json.dumps(OmegaConf.to_container(cfg.dataset, resolve=True),
+                                                             sort_keys=True, default=str)
+    if where in (models or {}):  # a sweep: a dataset that failed to load fails once, not per cell
+        raise models[where]
+    try:
+        source = load_source(cfg.dataset)
+    except DATA_ERRORS as err:  # missing or broken data: the loader's own sentence
+        if models is not None:
+            models[where] = DataUnavailable(first_line(err))
+            raise models[where] from err
+        raise DataUnavailable(first_line(err)) from err
+    check_data(cfg, num_train=int(source.y_train.shape[0]))
+    try:
+        fed = build_federation(cfg.dataset, cfg.partition, cfg.noise, cfg.fl.num_clients, cfg.seed)
+    except DATA_ERRORS as err:  # partition/noise settings the data cannot satisfy
+        raise ConfigError(first_line(err)) from err
+    src = fed.source
+    info = FederationInfo(fed.num_clients, fed.num_classes, fed.client_sizes, tuple(src.x_train.shape[1:]),
+                          int(cfg.seed), fed.meta.get("nominal_noise_rate"), fed.meta.get("nominal_noisy_share"))
+    if models is None:
+        model = build_model(cfg, info, model_label, device)
+    else:
+        key = json.dumps([OmegaConf.to_container(cfg.model, resolve=True), info.input_shape, info.num_classes],
+                         sort_keys=True, default=str)
+        if key not in models:
+            try:
+                models[key] = build_model(cfg, info, model_label, device)
+            except ConfigError as err:
+                models[key] = err
+        if isinstance(models[key], ConfigError):
+            raise models[key]
+        model = models[key]
+    try:
+        total = compose.total_rounds(method, info, int(cfg.fl.rounds))
+    except ValueError as err:  # a hyperparameter check that needs the federation (e.g. PoC's d >= m)
+        raise ConfigError(first_line(err)) from err
+    return Cell(fed, info, model, total)
+
+
+def build_model(cfg, info: FederationInfo, model_label: str, device="cpu") -> torch.nn.Module:
+    """The run's model, initialised from the run seed (not global state), checked by one forward
+    pass; a constructor that refuses the data (LeNet on 8x8, pretrained weights offline) is one line."""
+    from hydra.errors import InstantiationException
+    from hydra.utils import instantiate
+
+    dataset = str(cfg.dataset.name)
+    shape = "x".join(map(str, info.input_shape))
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(int(cfg.seed))
+        try:
+            model = instantiate(cfg.model, num_classes=info.num_classes, input_shape=info.input_shape)
+        except (InstantiationException, ValueError, RuntimeError, OSError) as err:
+            cause = err.__cause__ if isinstance(err, InstantiationException) and err.__cause__ else err
+            raise ConfigError(f"model={model_label} cannot be built for dataset={dataset} ({shape} images, "
+                              f"{info.num_classes} classes): {first_line(cause)[:400]}") from err
+    model = model.to(device)
+    check_model(model, info.input_shape, model_label, dataset)
+    return model
 
 
 def check_model(model: torch.nn.Module, input_shape, model_name: str, dataset: str) -> None:
@@ -124,7 +251,7 @@ def _overrides(argv: list[str]) -> list[str]:
         if arg in _FLAGS_WITH_VALUE:
             skip = True
             continue
-        if arg.startswith("-") or "=" not in arg:
+        if arg.startswith("-") or ("=" not in arg and not arg.startswith("~")):
             continue
         out.append(arg)
     return out
@@ -134,6 +261,10 @@ def check_argv(argv: list[str]) -> str | None:
     """The first problem of the command line's overrides as one line, or None."""
     if any(a in ("--help", "-h", "--hydra-help", "--version", "--shell-completion", "-sc") for a in argv):
         return None
+    modes = [a for a in argv if a in ("-m", "--multirun", "--cfg", "-c", "--info", "-i")]
+    if len({"-m" if a == "--multirun" else "--cfg" if a == "-c" else "--info" if a == "-i" else a for a in modes}) > 1:
+        return (f"{' and '.join(dict.fromkeys(modes))} cannot be combined: print one cell's config with "
+                "`fedlnl-run --cfg job <overrides>` (without -m), or list a sweep's cells with `-m ... dry_run=true`")
     items = _overrides(argv)
     if not items:
         return None
@@ -143,6 +274,9 @@ def check_argv(argv: list[str]) -> str | None:
         parsed = OverridesParser.create().parse_overrides(items)
     except Exception as err:  # hydra's OverrideParseException
         return f"cannot parse the overrides: {first_line(err)}"
+    problem = _argv_keys(parsed)
+    if problem:
+        return problem
     first_values = []
     for ov in parsed:
         key = ov.key_or_group.split("@", 1)[0]
@@ -163,6 +297,31 @@ def check_argv(argv: list[str]) -> str | None:
             continue
         first_values.append(raw)
     return _compose_problem(first_values)
+
+
+#: groups whose added keys (``+group.key=...``) are checked, with their allowed keys, downstream
+_CHECKED_NEW_KEYS = ("dataset", "partition", "noise", "method", "model", "hydra")
+
+
+def _argv_keys(parsed) -> str | None:
+    """Deleted keys, keys given twice, and new keys nothing would read, as one line."""
+    seen: dict[str, str] = {}
+    for ov in parsed:
+        key, raw = ov.key_or_group, ov.input_line
+        root = key.split("@", 1)[0].split(".", 1)[0].split("/", 1)[0]
+        if ov.is_delete() and root != "hydra":
+            return (f"{raw} is invalid: deleting a key is not supported; set it instead "
+                    f"({key}=<value>, see `fedlnl-run --cfg job` for its current value)")
+        if key in seen:
+            return f"{key} is given twice ({seen[key]} and {raw}): keep one"
+        seen[key] = raw
+        if ov.is_add() and "." not in key.split("@", 1)[0] and "@" not in key and key not in GROUPS:
+            return (f"{raw} is invalid: {key} is not a key of the config and nothing would read it "
+                    f"(see `fedlnl-run --cfg job` for the keys)")
+        if ov.is_add() and "." in key and root not in _CHECKED_NEW_KEYS:
+            return (f"{raw} is invalid: {key} is not a key of the config and nothing would read it "
+                    f"(see `fedlnl-run --cfg job` for the keys)")
+    return None
 
 
 def _compose_problem(overrides: list[str]) -> str | None:

@@ -6,13 +6,13 @@ evaluate, log, checkpoint) → ``summary.json``. The method never sees the oracl
 """
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import logging
 import math
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -22,31 +22,24 @@ import hydra
 import numpy as np
 import torch
 from hydra.core.hydra_config import HydraConfig
-from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
+from torch.optim.optimizer import register_optimizer_step_post_hook
 from tqdm import tqdm
 
 from fedlnl.conf import resolvers  # noqa: F401  (registers ${fidelity:...})
 from fedlnl.benchmark import compose, preflight
+from fedlnl.benchmark.lock import CellLock, LockError
+from fedlnl.benchmark.rundir import NON_RESULT_KEYS, check_run_dir, completed, config_hash  # noqa: F401
+from fedlnl.benchmark.stop import StopRequest
 from fedlnl.benchmark.setting import setting_of
 from fedlnl.benchmark.logging import JsonlSink, Sinks, WandbSink, write_json_atomic
 from fedlnl.benchmark.metrics import OracleScorer, accuracy_summary, cost_to_target
 from fedlnl.benchmark.validate import ConfigError
-from fedlnl.datasets.federation import build_federation, federation_stats, load_source
+from fedlnl.datasets.federation import federation_stats
 from fedlnl.methods.common import engine
-from fedlnl.methods.common.protocol import ALL_CLIENTS, ClientView, FederationInfo, RoundContext
+from fedlnl.methods.common.protocol import ALL_CLIENTS, ClientView, RoundContext
 
 log = logging.getLogger("fedlnl")
-
-#: config keys that do not change a run's numbers (left out of the config hash). ``threads`` is not
-#: one of them: the CPU thread count can change float reductions, so a resume never mixes two.
-NON_RESULT_KEYS = ("logger", "name", "preset", "checkpoint_every", "skip_complete", "dry_run", "device", "hydra")
-
-
-def config_hash(cfg: dict) -> str:
-    kept = {k: v for k, v in cfg.items() if k not in NON_RESULT_KEYS}
-    return hashlib.blake2b(json.dumps(kept, sort_keys=True, default=str).encode(), digest_size=8).hexdigest()
-
 
 def resolve_device(name: str) -> torch.device:
     if name == "auto":
@@ -101,18 +94,12 @@ class Runner:
     # ------------------------------------------------------------------ setup
     def prepare(self) -> None:
         cfg = self.cfg
-        if int(cfg.get("threads") or 0) > 0:
-            torch.set_num_threads(int(cfg.threads))
+        threads = int(cfg.get("threads") or 0)
+        if threads > 0:
+            torch.set_num_threads(preflight.usable_threads(threads))
         self.device = resolve_device(str(cfg.device))
-        try:
-            source = load_source(cfg.dataset)
-        except preflight.DATA_ERRORS as err:  # missing or broken data: the loader's own sentence
-            raise ConfigError(str(err).strip().splitlines()[0]) from err
-        preflight.check_data(cfg, num_train=int(source.y_train.shape[0]))
-        try:
-            self.fed = build_federation(cfg.dataset, cfg.partition, cfg.noise, cfg.fl.num_clients, cfg.seed)
-        except preflight.DATA_ERRORS as err:  # partition/noise settings the data cannot satisfy
-            raise ConfigError(str(err).strip().splitlines()[0]) from err
+        cell = preflight.build_cell(cfg, self.method, model_name(cfg), self.device)  # raises ConfigError
+        self.fed, self.info, self.model, self.total = cell.fed, cell.info, cell.model, cell.total
         src = self.fed.source
         self.train = engine.TensorData.build(src.x_train, src.mean, src.std, src.augment, self.device)
         self.test = engine.TensorData.build(src.x_test, src.mean, src.std, None, self.device)
@@ -122,19 +109,6 @@ class Runner:
                            for ix in self.fed.client_indices]
         self.scorer = OracleScorer(self.fed.oracle, self.fed.client_indices, self.labels)
         self.records: dict = {}  # ctx.record(...) diagnostics, written to diagnostics.json
-        self.info = FederationInfo(self.fed.num_clients, self.fed.num_classes, self.fed.client_sizes,
-                                   tuple(src.x_train.shape[1:]), int(cfg.seed),
-                                   self.fed.meta.get("nominal_noise_rate"),
-                                   self.fed.meta.get("nominal_noisy_share"))
-        with torch.random.fork_rng(devices=[]):  # model init from the run seed, not global state
-            torch.manual_seed(int(cfg.seed))
-            self.model = instantiate(cfg.model, num_classes=self.info.num_classes,
-                                     input_shape=self.info.input_shape).to(self.device)
-        preflight.check_model(self.model, self.info.input_shape, model_name(cfg), str(cfg.dataset.name))
-        try:
-            self.total = compose.total_rounds(self.method, self.info, int(cfg.fl.rounds))
-        except ValueError as err:  # a hyperparameter check that needs the federation (e.g. PoC's d >= m)
-            raise ConfigError(str(err).splitlines()[0]) from err
         self.effective = compose.effective(self.method, self.resolved["method"], int(cfg.fl.rounds), self.info)
         log.info("effective: %s", json.dumps(self.effective, sort_keys=True))
         log.info("device %s, %d torch threads", self.device, torch.get_num_threads())
@@ -157,13 +131,22 @@ class Runner:
         return self.run_dir / "checkpoint.pt"
 
     def save_checkpoint(self, state, rnd: int) -> None:
+        """Write ``checkpoint.pt`` atomically; a failed write (a full disk) leaves the last one and
+        no temporary file, and raises OSError naming the file and the free space."""
         tmp = self.run_dir / ".checkpoint.pt.tmp"
-        torch.save({"config_hash": self.hash, "round": rnd, "state": state, "labels": self.labels,
-                    "scorer": (self.scorer.num_relabels, self.scorer.num_correct_relabels, self.scorer.latest,
-                               self.scorer.mu_hat, self.scorer.flagged), "records": self.records,
-                    "rows": self.rows, "comm": self.comm, "bytes": self.bytes_up,
-                    "elapsed": time.time() - self.t0}, tmp)
-        tmp.replace(self._ckpt_path())
+        try:
+            torch.save({"config_hash": self.hash, "round": rnd, "state": state, "labels": self.labels,
+                        "scorer": (self.scorer.num_relabels, self.scorer.num_correct_relabels, self.scorer.latest,
+                                   self.scorer.mu_hat, self.scorer.flagged), "records": self.records,
+                        "rows": self.rows, "comm": self.comm, "bytes": self.bytes_up, "steps": self.steps,
+                        "elapsed": time.time() - self.t0}, tmp)
+            tmp.replace(self._ckpt_path())
+        except (OSError, RuntimeError) as err:  # torch reports a full disk as "file write failed"
+            tmp.unlink(missing_ok=True)
+            free = shutil.disk_usage(self.run_dir).free
+            raise OSError(errno.ENOSPC if free < 1 << 20 else errno.EIO,
+                          f"could not write {self._ckpt_path()} ({preflight.first_line(err)}); "
+                          f"{free / 1e6:,.1f} MB free on its file system") from err
 
     def load_checkpoint(self):
         path = self._ckpt_path()
@@ -186,15 +169,18 @@ class Runner:
         (self.scorer.num_relabels, self.scorer.num_correct_relabels, self.scorer.latest,
          self.scorer.mu_hat, self.scorer.flagged) = ck["scorer"]
         self.records.update(ck["records"])
-        self.rows, self.comm, self.bytes_up = ck["rows"], ck["comm"], ck["bytes"]
+        self.rows, self.comm, self.bytes_up, self.steps = ck["rows"], ck["comm"], ck["bytes"], ck.get("steps", 0)
         self.t0 -= ck["elapsed"]
         log.info("resuming after round %d of %d (%s)", ck["round"] + 1, self.total, path)
         return ck["state"], ck["round"] + 1
 
     # ------------------------------------------------------------------ the loop
-    def run(self) -> dict:
+    def run(self, stop: StopRequest | None = None) -> dict:
+        """Train to the end of the schedule, or, once ``stop`` has caught a signal, to the end of
+        the round in progress: checkpoint, ``status: interrupted``."""
         self.t0 = time.time()
-        self.rows, self.comm, self.bytes_up = [], 0, 0
+        self.rows, self.comm, self.bytes_up, self.steps = [], 0, 0, 0
+        self.stopped = None
         state, start = None, 0
         resumed = self.load_checkpoint()
         if resumed:
@@ -204,7 +190,9 @@ class Runner:
         sinks = self.open_sinks()
         status = "complete"
         every = int(self.cfg.fl.eval_every)
-        ck_every = int(self.cfg.checkpoint_every or 0)
+        ck_every, ck_seconds = int(self.cfg.checkpoint_every or 0), 60.0 * float(self.cfg.get("checkpoint_minutes") or 0)
+        last_ck = time.monotonic()
+        counter = register_optimizer_step_post_hook(self._count_step)
         bar = tqdm(range(start, self.total), desc=f"{self.method_name} s{self.cfg.seed}", unit="rnd",
                    dynamic_ncols=True, disable=None, leave=False)
         try:
@@ -228,15 +216,32 @@ class Runner:
                         break
                 if not sys.stderr.isatty() and (rnd + 1) % max(self.total // 10, 1) == 0:
                     log.info("round %d/%d acc=%s", rnd + 1, self.total, self.rows[-1]["acc"] if self.rows else None)
-                if ck_every and (rnd + 1) % ck_every == 0 and rnd + 1 < self.total:
+                if rnd + 1 == self.total:
+                    break
+                stopping = stop is not None and stop.signum is not None
+                due = (ck_every and (rnd + 1) % ck_every == 0) or (ck_seconds and time.monotonic() - last_ck >= ck_seconds)
+                if due or stopping:
                     self.save_checkpoint(state, rnd)
+                    last_ck = time.monotonic()
+                if stopping:
+                    status, self.stopped = "interrupted", (stop.name, rnd + 1)
+                    log.warning("stopped by %s after round %d of %d; checkpoint saved in %s: run the same "
+                                "command again to resume", stop.name, rnd + 1, self.total, self._ckpt_path())
+                    break
         except BaseException as err:
             reason = (str(err).strip().splitlines() or [""])[0]
-            self.finish("failed", sinks, error=f"{type(err).__name__}: {reason}" if reason else type(err).__name__)
+            try:
+                self.finish("failed", sinks, error=f"{type(err).__name__}: {reason}" if reason else type(err).__name__)
+            except OSError as also:  # a full disk takes the summary too: the first error is the one to see
+                log.error("could not record the failure in %s: %s", self.run_dir, also)
             raise
         finally:
             bar.close()
+            counter.remove()
         return self.finish(status, sinks)
+
+    def _count_step(self, optimizer, args, kwargs) -> None:
+        self.steps += 1
 
     @torch.no_grad()
     def evaluate(self, state, rnd: int, losses: list[float], agg: dict) -> dict:
@@ -258,17 +263,20 @@ class Runner:
         return row
 
     def open_sinks(self) -> Sinks:
-        sinks = [JsonlSink(self.run_dir / "metrics.jsonl")]
-        for row in self.rows:  # after a resume: the rows up to the checkpoint, none after it
-            sinks[0].log(row)
+        """W&B first (it may take seconds or fall back to offline), then metrics.jsonl with the rows
+        up to the checkpoint after a resume."""
+        sinks = []
         lg = self.cfg.logger
         if lg.kind == "wandb":
             s = setting_of(self.resolved)
             tags = [self.method_name, s["dataset"], f"rho={s['rho']}", f"tau={s['tau']}", str(s["partition"])]
             sinks.append(WandbSink(self.resolved, self.run_dir, name=f"{self.method_name}-s{self.cfg.seed}-{self.hash}",
                                    group=self.group, tags=tags, mode=lg.mode, project=lg.project,
-                                   entity=lg.get("entity"), run_id=self.wandb_id()))
-        return Sinks(sinks)
+                                   entity=lg.get("entity"), run_id=self.wandb_id(), history=self.rows))
+        jsonl = JsonlSink(self.run_dir / "metrics.jsonl")
+        for row in self.rows:  # after a resume: the rows up to the checkpoint, none after it
+            jsonl.log(row)
+        return Sinks([jsonl, *sinks])
 
     def wandb_id(self) -> str:
         """A W&B run id stable for this run directory and config: a resumed run continues it."""
@@ -276,6 +284,9 @@ class Runner:
         return hashlib.blake2b(key.encode(), digest_size=8).hexdigest()
 
     def finish(self, status: str, sinks: Sinks, error: str | None = None) -> dict:
+        if status == "interrupted":
+            name, done = self.stopped
+            error = f"stopped by {name} after round {done} of {self.total}; resumes from checkpoint.pt when run again"
         summary = {
             "status": status, "error": error, "effective": self.effective, "method": self.method_name,
             "family": getattr(self.method, "family", None), "dataset": str(self.cfg.dataset.name),
@@ -284,7 +295,7 @@ class Runner:
             **accuracy_summary(self.rows),
             "comm_cost": self.comm, "cost_to_target": cost_to_target(self.rows, list(self.cfg.targets)),
             "cost_to_target_balanced": cost_to_target(self.rows, list(self.cfg.targets), key="balanced_acc"),
-            "bytes_up": self.bytes_up, "rounds_run": self.rows[-1]["round"] if self.rows else 0,
+            "bytes_up": self.bytes_up, "local_steps": self.steps, "rounds_run": self.rows[-1]["round"] if self.rows else 0,
             "total_rounds": self.total, "wall_time_s": time.time() - self.t0,
             "federation_hash": self.fed.hash, "federation": federation_stats(self.fed),
             "detection": dict(self.scorer.latest), "git_commit": git_commit(),
@@ -301,18 +312,6 @@ class Runner:
         return summary
 
 
-def completed(run_dir: Path, cfg_hash: str) -> dict | None:
-    """The summary in ``run_dir`` if it is final for this config (a sweep cell to skip): complete, or
-    diverged (deterministic: a re-run would diverge again). A failed/interrupted run is re-run."""
-    path = Path(run_dir) / "summary.json"
-    try:
-        summary = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    final = summary.get("status") in ("complete", "diverged")
-    return summary if final and summary.get("config_hash") == cfg_hash else None
-
-
 def _free_name(path: Path) -> Path:
     """``path``, or ``path.1``, ``path.2``, ... : the first name not taken."""
     k, out = 0, path
@@ -322,66 +321,12 @@ def _free_name(path: Path) -> Path:
     return out
 
 
-class CellLock:
-    """``run_dir/.lock`` held while a process trains the cell: two processes on one sweep directory
-    never train the same cell or interleave its metrics.jsonl. A lock left by a dead process on this
-    host is stale and taken over."""
-
-    def __init__(self, run_dir: Path):
-        self.path = Path(run_dir) / ".lock"
-        self.held = False
-
-    def owner(self) -> tuple[str, int] | None:
-        try:
-            host, pid = self.path.read_text().split()
-            return host, int(pid)
-        except (OSError, ValueError):
-            return None
-
-    def acquire(self) -> bool:
-        for _ in range(2):
-            try:
-                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-            except FileExistsError:
-                if not self._stale():
-                    return False
-                self.path.unlink(missing_ok=True)
-                continue
-            with os.fdopen(fd, "w") as f:
-                f.write(f"{socket.gethostname()} {os.getpid()}\n")
-            self.held = True
-            return True
-        return False
-
-    def _stale(self) -> bool:
-        owner = self.owner()
-        if owner is None:  # being written this instant, or garbage: garbage older than a minute is stale
-            try:
-                return time.time() - self.path.stat().st_mtime > 60
-            except OSError:
-                return True
-        host, pid = owner
-        if host != socket.gethostname():
-            return False  # another machine's process: cannot tell, assume alive
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return True
-        except PermissionError:
-            return False
-        return False
-
-    def release(self) -> None:
-        if self.held:
-            self.path.unlink(missing_ok=True)
-            self.held = False
-
-
 def run(cfg: DictConfig, run_dir: Path, method_name: str, group: str = "single", typed=()) -> dict:
     """One run: check everything that needs no data, skip a complete cell, load data and check what
     needs it, then (holding the cell's lock) train. Nothing is written before the last check."""
     method = preflight.check_cell(cfg, compose.typed_keys(typed))
     runner = Runner(cfg, run_dir, method_name, group, method)
+    check_run_dir(run_dir, runner.hash, runner.resolved)  # another config's run, a .lock that is no file
     if cfg.get("skip_complete", True):
         done = completed(run_dir, runner.hash)
         if done:
@@ -389,33 +334,70 @@ def run(cfg: DictConfig, run_dir: Path, method_name: str, group: str = "single",
             return done
     runner.prepare()  # data-dependent checks: raises before anything is written
     Path(run_dir).mkdir(parents=True, exist_ok=True)
-    lock = CellLock(run_dir)
-    if not lock.acquire():
-        host, pid = lock.owner() or ("?", -1)
-        log.warning("skipping %s: another process (pid %s on %s) is running this cell", run_dir, pid, host)
-        return {"status": "running", "best_acc": None}
+    lock = CellLock(run_dir, runner.hash)
     try:
-        done = completed(run_dir, runner.hash) if cfg.get("skip_complete", True) else None
-        if done:  # finished by another process while this one was preparing
-            return done
-        summary = runner.run()
-    finally:
-        lock.release()
+        acquired = lock.acquire()
+    except LockError as err:
+        raise ConfigError(str(err)) from err
+    if not acquired:
+        log.warning("skipping %s: another process (%s) is running this cell", run_dir, lock.describe())
+        return {"status": "running", "best_acc": None}
+    with StopRequest() as stop:
+        try:
+            done = completed(run_dir, runner.hash) if cfg.get("skip_complete", True) else None
+            if done:  # finished by another process while this one was preparing
+                return done
+            summary = runner.run(stop)
+        finally:
+            lock.release()
+        if stop.signum is not None and summary.get("status") == "interrupted":  # saved and unlocked: hand it on
+            stop.exit()
+        if stop.signum is not None:
+            stop.completed()
     log.info("%s seed %s: best acc %.4f, final %.4f, comm cost %d, %.1fs -> %s", method_name, cfg.seed,
              summary["best_acc"] or float("nan"), summary["final_acc"] or float("nan"),
              summary["comm_cost"], summary["wall_time_s"], run_dir)
     return summary
 
 
-def _remove_if_only_hydra_files(run_dir: Path) -> None:
-    """Hydra creates the job directory before the task runs; a rejected config leaves nothing."""
-    if run_dir.is_dir() and all(p.name == ".hydra" or p.suffix == ".log" for p in run_dir.iterdir()):
-        shutil.rmtree(run_dir, ignore_errors=True)
-        for parent in list(run_dir.parents)[:2]:  # results/runs/, results/ when they were made for it
-            try:
-                parent.rmdir()  # only if empty
-            except OSError:
-                break
+#: what existed before Hydra ran (``precheck``): cleanup after a refusal removes only what this process made
+_BEFORE: dict = {}
+
+
+def _snapshot(run_dir: Path) -> None:
+    run_dir = run_dir.absolute()
+    anchor = next(p for p in [run_dir, *run_dir.parents] if p.exists())
+    _BEFORE.update(run_dir=run_dir, anchor=anchor,
+                   entries=set(os.listdir(run_dir)) if run_dir.is_dir() else None)
+
+
+def _remove_made_dirs(run_dir: Path) -> None:
+    """Hydra creates the job directory (``.hydra/``, ``run.log``) before the task runs; after a
+    refusal remove what Hydra added for this process, and the directories it created, nothing else."""
+    run_dir = run_dir.absolute()
+    if not run_dir.is_dir():
+        return
+    single = _BEFORE.get("run_dir") == run_dir
+    before = _BEFORE.get("entries") if single else None
+    hydra_only = lambda paths: all(p.name == ".hydra" or p.suffix == ".log" for p in paths)  # noqa: E731
+    if before is not None:  # a directory that existed: remove only Hydra's new files
+        new = [p for p in run_dir.iterdir() if p.name not in before]
+        if hydra_only(new):
+            for p in new:
+                shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
+        return
+    if not hydra_only(run_dir.iterdir()):
+        return
+    shutil.rmtree(run_dir, ignore_errors=True)
+    if not single:  # a sweep cell: its sweep directory is the sweep's
+        return
+    for parent in run_dir.parents:  # the parents Hydra made for it, up to the first that existed
+        if parent == _BEFORE["anchor"] or not parent.is_relative_to(_BEFORE["anchor"]):
+            break
+        try:
+            parent.rmdir()  # only if empty
+        except OSError:
+            break
 
 
 def method_label(hc) -> str:
@@ -435,9 +417,19 @@ def _hydra_main(cfg: DictConfig) -> float | None:
     try:
         summary = run(cfg, out, method_label(hc), group=f"{cfg.name}/{group}", typed=list(hc.overrides.task))
     except ConfigError as err:
-        _remove_if_only_hydra_files(out)
+        _remove_made_dirs(out)
         print(f"fedlnl-run: error: {err}", file=sys.stderr)
         sys.exit(2)
+    except OSError as err:  # the machine, not the config: disk full, a file system gone read-only
+        if hc.mode.name == "MULTIRUN":
+            raise  # the launcher names the failed cell (with its log on SLURM)
+        print(f"fedlnl-run: error: {out}: {type(err).__name__}: {preflight.first_line(err)} "
+              f"(summary.json records the failure where it could be written)", file=sys.stderr)
+        sys.exit(1)
+    if summary.get("status") == "running" and hc.mode.name != "MULTIRUN":  # a sweep names these at its end
+        print(f"fedlnl-run: error: {out} is being trained by another process ({CellLock(out).describe()}); "
+              "this run did nothing", file=sys.stderr)
+        sys.exit(1)
     return summary.get("best_acc")
 
 
@@ -451,13 +443,82 @@ def presets_help() -> str:
     return "\n".join(lines) + "\n"
 
 
+def precheck(argv: list[str]) -> int | None:
+    """A single run (no ``-m``): every check a run makes before training, before Hydra creates the
+    run directory, with the config composed as Hydra composes it; also refuses a ``hydra.run.dir``
+    that holds a run of another config or cannot be written. With ``dry_run=true`` it prints the
+    run's plan. Returns the exit code to stop with, or None to start the run."""
+    from hydra import compose as hydra_compose, initialize_config_dir
+
+    from fedlnl.benchmark import plan
+    from fedlnl.benchmark.rundir import check_writable
+
+    overrides = preflight._overrides(argv)
+    try:
+        with initialize_config_dir(str(preflight.CONF), version_base=None):
+            cfg = hydra_compose("config", overrides=overrides, return_hydra_config=True)
+    except Exception:  # noqa: BLE001  (check_argv named composition problems; Hydra reports the rest)
+        return None
+    HydraConfig.instance().set_config(cfg)
+    shown = logging.StreamHandler(sys.stderr)  # warnings of the checks (a damaged cache), before Hydra's logging
+    shown.setLevel(logging.WARNING)
+    shown.setFormatter(logging.Formatter("fedlnl-run: warning: %(message)s"))
+    log.addHandler(shown)
+    try:
+        job = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"])
+        method = preflight.check_cell(job, compose.typed_keys([o for o in overrides if not o.startswith("hydra")]))
+        preflight.check_threads(job)
+        resolved = OmegaConf.to_container(job, resolve=True)
+        template = str(OmegaConf.to_container(cfg.hydra.run, resolve=False)["dir"])
+        try:
+            run_dir = Path(str(cfg.hydra.run.dir))
+        except Exception:  # noqa: BLE001  (a directory that names Hydra's runtime values: known only later)
+            run_dir, template = None, "${now:"
+        if run_dir is not None and not job.get("dry_run"):
+            check_writable(run_dir, "hydra.run.dir")
+        if "${now:" not in template:  # a directory the user chose: it may hold another run
+            check_run_dir(run_dir, config_hash(resolved), resolved)
+        dry = bool(job.get("dry_run"))
+        try:
+            cell = preflight.build_cell(job, method, str(cfg.hydra.runtime.choices.get("model", "model")))
+        except preflight.DataUnavailable as err:
+            if not dry:
+                raise
+            print(f"{method_label(cfg.hydra)} seed {job.seed}: no plan: the data is not available here ({err}); "
+                  "the plan counts on the real federation\ndry_run=true: nothing was trained or written")
+            return 0
+        p = plan.plan_run(method, cell.info, cell.model, cell.total, int(job.seed)) if dry else None
+    except ConfigError as err:
+        print(f"fedlnl-run: error: {err}", file=sys.stderr)
+        return 2
+    finally:
+        HydraConfig.instance().cfg = None
+        log.removeHandler(shown)
+    if p is not None:
+        print(f"{method_label(cfg.hydra)} seed {job.seed}: {plan.describe(p)}")
+        for reason in p.bounds:
+            print(f"  ≤ {reason}")
+        print("dry_run=true: nothing was trained or written")
+        return 0
+    if run_dir is not None:
+        _snapshot(run_dir)
+    return None
+
+
 def main() -> None:
     if "--help" in sys.argv[1:] or "-h" in sys.argv[1:]:
         print(presets_help())
-    problem = preflight.check_argv(sys.argv[1:])  # names, syntax, composition: before Hydra starts
+    argv = sys.argv[1:]
+    problem = preflight.check_argv(argv)  # names, syntax, composition: before Hydra starts
     if problem:
         print(f"fedlnl-run: error: {problem}", file=sys.stderr)
         sys.exit(2)
+    plain = not any(a in ("-m", "--multirun", "--cfg", "-c", "--info", "-i", "--help", "-h", "--hydra-help",
+                          "--version", "--shell-completion", "-sc", "--experimental-rerun") for a in argv)
+    if plain:
+        code = precheck(argv)
+        if code is not None:
+            sys.exit(code)
     _hydra_main()
 
 

@@ -1,27 +1,52 @@
 """Hydra's basic sweeper, validating the whole sweep before the first cell runs.
 
-Every cell of ``fedlnl-run -m ...`` is composed and passed through ``preflight.check_cell`` (the
-same checks a single run makes before loading data). If any cell is invalid, the sweep stops before
-anything runs or is written, printing one line per invalid cell (its overrides and the reason) and
-exiting with 2. Cells differing only in ``seed`` are composed once (the seed is checked on its own).
+Every cell of ``fedlnl-run -m ...`` gets the checks a single run makes before training, with the
+same code: its config (``preflight.check_cell``), its directory (``rundir.check_run_dir``: a run of
+another config there, a ``.lock`` that is no file), the thread count on this machine, and what needs
+the data and the model (``preflight.build_cell``: federation sizes, class coverage, noise inputs,
+the model's constructor and offline weights, the model at the dataset's image size, the method's
+schedule on the federation). If any cell is invalid, the sweep stops before anything runs or is
+written, printing one line per invalid cell (its overrides and the reason) and exiting with 2.
+Cells differing only in ``seed`` are composed once; datasets, federations and models are built once
+per distinct setting.
 
-``dry_run=true`` plans the sweep instead of running it: every cell with its directory, whether it is
-already complete, its client participations, and an estimate of the time left from the throughput
-(seconds per participation) its method recorded in the complete cells of this sweep.
+``dry_run=true`` plans the sweep instead of running it (``fedlnl.benchmark.plan``): every cell with
+its directory, whether it is already complete, its rounds, client participations, local steps and
+uploaded bytes (exact, or an upper bound marked ``≤`` where training decides), and an estimate of
+the time left from the seconds per local step its method took in the complete cells of this sweep.
+
+After the cells ran, a cell that another process is training (its lock is alive) is named, so a
+sweep that leaves cells to someone else says so.
 """
 from __future__ import annotations
 
+import copy
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.override_parser.overrides_parser import OverridesParser
-from omegaconf import OmegaConf
+from hydra._internal.config_loader_impl import get_overrides_dirname
+from omegaconf import OmegaConf, open_dict
 
-from fedlnl.benchmark import compose, preflight
+from fedlnl.benchmark import compose, plan, preflight
+from fedlnl.benchmark.lock import CellLock
+from fedlnl.benchmark.rundir import check_run_dir, check_writable, completed, config_hash
 from fedlnl.benchmark.validate import ConfigError
-from fedlnl.methods.common.protocol import FederationInfo
+
+
+@dataclass
+class Cell:
+    overrides: list
+    problem: str | None = None
+    run_dir: Path | None = None
+    hash: str | None = None
+    method_name: str = "?"
+    built: tuple | None = None  # (method, FederationInfo, model, total rounds, seed): for the plan
+    done: dict | None = None  # its final summary, when complete
+    no_data: str | None = None  # why its data cannot be loaded here (a plan or a SLURM sweep goes on)
 
 
 class ValidatingSweeper(BasicSweeper):  # registered as hydra_plugins.fedlnl_sweeper.ValidatingSweeper
@@ -30,19 +55,29 @@ class ValidatingSweeper(BasicSweeper):  # registered as hydra_plugins.fedlnl_swe
         params.extend(arguments)
         parser = OverridesParser.create(config_loader=self.hydra_context.config_loader)
         self.overrides = self.split_arguments(parser.parse_overrides(params), self.max_batch_size)
-        cells = [list(job) for batch in self.overrides for job in batch]
-        problems = self.invalid_cells(cells)
+        as_run = getattr(self.launcher, "cell_overrides", list)  # e.g. SLURM adds threads=<cpus_per_task>
+        cells = self.check_cells([as_run(list(job)) for batch in self.overrides for job in batch])
+        problems = [c for c in cells if c.problem]
         if problems:
-            for overrides, reason in problems:
-                print(f"fedlnl-run: error: cell [{' '.join(overrides)}]: {reason}", file=sys.stderr)
+            for c in problems:
+                print(f"fedlnl-run: error: cell [{' '.join(c.overrides)}]: {c.problem}", file=sys.stderr)
             print(f"fedlnl-run: error: {len(problems)} of {len(cells)} cells are invalid; nothing was run",
                   file=sys.stderr)
             sys.exit(2)
 
         if self.config.get("dry_run"):
-            self.plan(cells)
+            try:
+                print_plan(cells)
+            except ConfigError as err:  # a method the planner cannot walk (no plan hook)
+                print(f"fedlnl-run: error: {err}", file=sys.stderr)
+                sys.exit(2)
             return []
         sweep_dir = Path(self.config.hydra.sweep.dir)
+        try:
+            check_writable(sweep_dir, "hydra.sweep.dir")
+        except ConfigError as err:
+            print(f"fedlnl-run: error: {err}", file=sys.stderr)
+            sys.exit(2)
         sweep_dir.mkdir(parents=True, exist_ok=True)
         OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
         returns, start = [], 0
@@ -53,70 +88,160 @@ class ValidatingSweeper(BasicSweeper):  # registered as hydra_plugins.fedlnl_swe
             start += len(batch)
             returns.append(results)
         self.batch_index = len(self.overrides)
+        report_elsewhere(cells)
         return returns
 
-    def invalid_cells(self, cells: list[list[str]]) -> list[tuple[list[str], str]]:
-        tic, seen, problems = time.perf_counter(), {}, []
+    # ------------------------------------------------------------------ validation
+    def check_cells(self, cells: list[list[str]]) -> list[Cell]:
+        tic, composed, models = time.perf_counter(), {}, {}
+        remote = "slurm" in str(self.config.hydra.launcher.get("_target_", "")).lower()
+        out = []
         for overrides in cells:
+            seed = next((o.split("=", 1)[1] for o in overrides if o.startswith("seed=")), None)
+            if seed is not None and not preflight.valid_seed(seed):
+                out.append(Cell(overrides, f"seed={seed} is invalid: allowed {preflight.SEED_RANGE}"))
+                continue
             seedless = tuple(o for o in overrides if not o.startswith("seed="))
-            for o in overrides:
-                if o.startswith("seed=") and not o[5:].isdigit():
-                    problems.append((overrides, f"seed={o[5:]} is invalid: allowed an integer >= 0"))
-                    break
-            else:
-                if seedless not in seen:
-                    seen[seedless] = self.check(list(overrides))
-                if seen[seedless]:
-                    problems.append((overrides, seen[seedless]))
-        print(f"[fedlnl] validated {len(cells)} cells ({len(seen)} distinct configs) in "
-              f"{time.perf_counter() - tic:.1f}s", file=sys.stderr)
-        return problems
+            if seedless not in composed:
+                composed[seedless] = self.compose(list(overrides))
+            base = composed[seedless]
+            if isinstance(base, str):
+                out.append(Cell(overrides, base))
+                continue
+            try:
+                out.append(self.check_cell(base, overrides, models, remote or bool(self.config.get("dry_run"))))
+            except ConfigError as err:
+                out.append(Cell(overrides, str(err)))
+            except Exception as err:  # noqa: BLE001  (a cell that cannot be built: its reason, not a traceback)
+                out.append(Cell(overrides, preflight.first_line(err)[:300]))
+        print(f"[fedlnl] validated {len(cells)} cells ({len(composed)} distinct configs) with their data and "
+              f"models in {time.perf_counter() - tic:.1f}s", file=sys.stderr)
+        missing = sorted({c.no_data for c in out if c.no_data})
+        if missing and remote and not self.config.get("dry_run"):
+            for reason in missing:
+                print(f"fedlnl-run: warning: the data cannot be loaded on this machine ({reason}): the cells "
+                      "using it are checked with their data in their tasks", file=sys.stderr)
+        return out
 
-    def plan(self, cells: list[list[str]]) -> None:
-        """Print the cells, which are complete, their cost in participations and the time left."""
-        from fedlnl.benchmark.run import completed, config_hash
-
-        rows, speed = [], {}
-        for overrides in cells:
-            cfg = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
-            cell = Path(cfg.hydra.sweep.dir) / str(cfg.hydra.sweep.subdir)
-            method_name = next((o.split("=", 1)[1] for o in overrides if o.startswith("method=")),
-                               cfg.hydra.runtime.choices.get("method", "?"))
-            job = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"])
-            resolved = OmegaConf.to_container(job, resolve=True)
-            method = preflight.check_cell(job, {})
-            n = int(resolved["fl"]["num_clients"])
-            info = FederationInfo(n, 10, (1,) * n, (1, 1, 1), int(resolved["seed"]))
-            rounds = compose.total_rounds(method, info, int(resolved["fl"]["rounds"]))
-            cost = rounds * max(int(method.fl.frac * n), 1)  # ≈: multi-stage schedules vary per round
-            done = completed(cell, config_hash(resolved))
-            if done and done.get("comm_cost"):
-                speed.setdefault(method_name, []).append(done["wall_time_s"] / done["comm_cost"])
-            rows.append((cell, method_name, cost, bool(done)))
-        left, unknown = 0.0, 0
-        print(f"{'cell':<70} {'method':<18} {'participations≈':>14}  status")
-        for cell, name, cost, done in rows:
-            print(f"{str(cell)[-70:]:<70} {name:<18} {cost:>14,}  {'complete' if done else 'to run'}")
-            if not done:
-                if name in speed:
-                    left += cost * sum(speed[name]) / len(speed[name])
-                else:
-                    unknown += 1
-        todo = [r for r in rows if not r[3]]
-        print(f"{len(rows)} cells, {len(rows) - len(todo)} complete, {len(todo)} to run "
-              f"(~{sum(r[2] for r in todo):,} client participations)")
-        estimate = f"~{left / 3600:.2f} h on this device" if left else "no estimate"
-        print(f"time left: {estimate} from the throughput of complete cells of the same method"
-              + (f"; {unknown} cells of methods without a complete cell yet" if unknown else ""))
-
-    def check(self, overrides: list[str]) -> str | None:
+    def compose(self, overrides: list[str]):
+        """(config with hydra, method, typed keys) of a cell, or its problem as one line."""
         try:
             cfg = self.hydra_context.config_loader.load_sweep_config(self.config, overrides)
-            with_hydra = OmegaConf.to_container(cfg.hydra.overrides.task) if "hydra" in cfg else overrides
-            cfg = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"])
-            preflight.check_cell(cfg, compose.typed_keys(with_hydra))
+            typed = compose.typed_keys(OmegaConf.to_container(cfg.hydra.overrides.task))
+            job = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"])
+            method = preflight.check_cell(job, typed)
         except ConfigError as err:
             return str(err)
         except Exception as err:  # composition errors of this cell
             return preflight.first_line(err)[:300]
-        return None
+        return cfg, method, typed
+
+    def check_cell(self, base, overrides: list[str], models: dict, elsewhere: bool) -> Cell:
+        """A cell's checks; ``elsewhere``: a plan, or a sweep whose tasks run on other machines (the
+        data may be there only: a dataset that cannot be loaded here is noted, not refused)."""
+        cfg, method, _typed = base
+        seed = next((o.split("=", 1)[1] for o in overrides if o.startswith("seed=")), None)
+        if seed is not None and int(seed) != int(cfg.seed):  # a cell of the same config with another seed
+            cfg = copy.deepcopy(cfg)
+            dirname = cfg.hydra.job.config.override_dirname
+            with open_dict(cfg):
+                cfg.seed = int(seed)
+                cfg.hydra.job.override_dirname = get_overrides_dirname(
+                    overrides=OverridesParser.create().parse_overrides(overrides), kv_sep=dirname.kv_sep, item_sep=dirname.item_sep,
+                    exclude_keys=list(dirname.exclude_keys))
+        job = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"])
+        resolved = OmegaConf.to_container(job, resolve=True)
+        cell = Cell(overrides, run_dir=Path(str(cfg.hydra.sweep.dir)) / str(cfg.hydra.sweep.subdir),
+                    hash=config_hash(resolved), method_name=_method_label(cfg))
+        check_run_dir(cell.run_dir, cell.hash, resolved, key="hydra.sweep.dir")
+        remote = "slurm" in str(self.config.hydra.launcher.get("_target_", "")).lower()
+        if not remote:  # a SLURM task runs on another machine: it clamps threads to its allocation
+            preflight.check_threads(job)
+        cell.done = completed(cell.run_dir, cell.hash) if job.get("skip_complete", True) else None
+        model_label = str(cfg.hydra.runtime.choices.get("model", "model"))
+        try:
+            built = preflight.build_cell(job, method, model_label, models=models)
+        except preflight.DataUnavailable as err:
+            if not elsewhere:
+                raise
+            cell.no_data = str(err)
+            return cell
+        cell.built = (method, built.info, built.model, built.total, int(job.seed))
+        return cell
+
+
+def _method_label(cfg) -> str:
+    from fedlnl.benchmark.run import method_label
+
+    return method_label(cfg.hydra)
+
+
+# ---------------------------------------------------------------------------------------- the plan
+def print_plan(cells: list[Cell]) -> None:
+    """Every cell with its cost, which are complete, the totals and the time left."""
+    rows, speed, bounds = [], {}, {}
+    for c in cells:
+        if c.no_data:
+            rows.append((c, None))
+            continue
+        p = plan.plan_run(*c.built)
+        for reason in p.bounds:
+            bounds.setdefault(c.method_name, reason)
+        done = c.done
+        if done and done.get("local_steps"):
+            speed.setdefault(c.method_name, []).append(done["wall_time_s"] / done["local_steps"])
+        rows.append((c, p))
+    print(f"{'cell':<60} {'method':<18} {'rounds':>7} {'participations':>15} {'local steps':>13} "
+          f"{'uploaded MB':>12}  status")
+    for c, p in rows:
+        status = "complete" if c.done else "to run"
+        if p is None:
+            print(f"{str(c.run_dir)[-60:]:<60} {c.method_name:<18} {'-':>7} {'-':>15} {'-':>13} {'-':>12}  "
+                  f"{status}, no plan: data not available here")
+            continue
+        mb = f"{'' if p.exact['bytes_up'] else '≤'}{p.bytes_up / 1e6:,.1f}"
+        print(f"{str(c.run_dir)[-60:]:<60} {c.method_name:<18} {p.rounds:>7,} {p.figure('participations'):>15} "
+              f"{p.figure('local_steps'):>13} {mb:>12}  {status}")
+    unplanned = sorted({c.no_data for c, p in rows if p is None})
+    todo = [(c, p) for c, p in rows if not c.done and p is not None]
+    left = plan.Plan(0)
+    for _, p in todo:
+        left.participations += p.participations
+        left.local_steps += p.local_steps
+        left.bytes_up += p.bytes_up
+        for key, exact in p.exact.items():
+            left.exact[key] = left.exact[key] and exact
+    complete = sum(1 for c, _ in rows if c.done)
+    print(f"{len(rows)} cells, {complete} complete, {len(rows) - complete} to run: "
+          f"{left.figure('participations')} client participations, {left.figure('local_steps')} local steps, "
+          f"{plan.size(left.bytes_up, left.exact['bytes_up'])} uploaded"
+          + (f" (without the {sum(1 for c, p in rows if p is None and not c.done)} cells whose data is not "
+             "available here)" if unplanned else ""))
+    for reason in unplanned:
+        print(f"  no plan: the data is not available here ({reason}); the plan counts on the real federation")
+    for name, reason in sorted(bounds.items()):
+        print(f"  ≤ {name}: {reason}")
+    seconds, unknown = 0.0, 0
+    for c, p in todo:
+        if c.method_name in speed:
+            seconds += p.local_steps * sum(speed[c.method_name]) / len(speed[c.method_name])
+        else:
+            unknown += 1
+    estimate = f"~{seconds / 3600:.2f} h on this device" if seconds else "no estimate"
+    print(f"time left: {estimate} from the seconds per local step of complete cells of the same method"
+          + (f"; {unknown} cells of methods without a complete cell yet" if unknown else ""))
+
+
+def report_elsewhere(cells: list[Cell]) -> None:
+    """Name the cells this sweep left to another process that holds their lock."""
+    elsewhere = []
+    for c in cells:
+        if c.run_dir is None or completed(c.run_dir, c.hash):
+            continue
+        lock = CellLock(c.run_dir)
+        if lock.owner() is not None and lock.stale() is None:
+            elsewhere.append(f"{c.run_dir.name} ({lock.describe()})")
+    if elsewhere:
+        print(f"fedlnl-run: warning: {len(elsewhere)} cells are being trained by another process, not by this "
+              f"sweep: {'; '.join(elsewhere[:10])}{' ...' if len(elsewhere) > 10 else ''}", file=sys.stderr)
+

@@ -20,6 +20,8 @@ class ConfigError(ValueError):
 
 
 _MISSING = object()
+#: longest sweep name: W&B groups ("<name>/<sweep dir>") hold at most 128 characters
+NAME_MAX = 60
 
 
 def _get(cfg, key: str):
@@ -155,6 +157,8 @@ def validate(cfg: DictConfig, num_train: int | None = None) -> None:
     """Raise ConfigError naming the key, the value and the allowed range."""
     for key in ("seed", "threads", "checkpoint_every"):
         _int(cfg, key, 0)
+    _num(cfg, "seed", lambda v: v <= 2**63 - 1, "an integer in [0, 2**63 - 1]")
+    _num(cfg, "checkpoint_minutes", lambda v: v >= 0, "minutes >= 0 (0 = no time-based checkpoints)")
     _flag(cfg, "skip_complete")
     _targets(cfg)
     for key, value in (("fidelity", cfg.get("fidelity")), ("noise.fidelity", cfg.noise.get("fidelity", "paper"))):
@@ -169,8 +173,9 @@ def validate(cfg: DictConfig, num_train: int | None = None) -> None:
         if value is not _MISSING and value is not None and not isinstance(value, str):
             _fail(key, value, "a name (text)")
     name = _get(cfg, "name")
-    if isinstance(name, str) and (not name or "/" in name or name in (".", "..")):
-        _fail("name", name, "a sweep name without '/'")
+    if isinstance(name, str) and (not name or "/" in name or name in (".", "..") or len(name) > NAME_MAX):
+        _fail("name", name if len(name) <= 40 else name[:37] + "...",
+              f"a sweep name without '/' of at most {NAME_MAX} characters (got {len(name)})")
 
     # logger
     _choice(cfg, "logger.kind", ("wandb", "none"))

@@ -461,7 +461,15 @@ def cifarn_labels(file, label_set: str, dataset_labels: np.ndarray) -> np.ndarra
     if not path.is_file():
         raise DataError(f"CIFAR-N file not found: {path}; download {name} from {CIFARN_URL} and set "
                         "noise.file=<path or its folder>")
-    table = torch.load(path, map_location="cpu", weights_only=False)  # a dict of numpy arrays
+    try:
+        table = torch.load(path, map_location="cpu", weights_only=False)  # a dict of numpy arrays
+    except Exception as err:  # noqa: BLE001  (truncated, overwritten: torch and pickle raise many types)
+        reason = str(err).strip().splitlines()[0][:120] if str(err).strip() else type(err).__name__
+        raise DataError(f"CIFAR-N file {path} is damaged ({reason}): download {name} again from {CIFARN_URL} "
+                        "and put it there, or set noise.file=<an intact copy or its folder>") from err
+    if not isinstance(table, dict):
+        raise DataError(f"CIFAR-N file {path} is not the published annotation table (a {type(table).__name__}): "
+                        f"download {name} again from {CIFARN_URL}")
     missing = [k for k in (clean_key, noisy_key) if k not in table]
     if missing:
         raise DataError(f"{path} has no {missing[0]!r}: noise.label_set={label_set} needs {name} from {CIFARN_URL}")

@@ -10,6 +10,7 @@ corrupt image) raises ``DataError`` (a ValueError) with a one-line message namin
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import warnings
 from dataclasses import replace
@@ -105,8 +106,8 @@ def _open_torchvision(cls, root: Path, download: bool):
     except RuntimeError:
         if not download:
             raise DatasetUnavailable(
-                f"{cls.__name__} not found under {root} and download is off: "
-                f"set dataset.root=<dir holding it> or dataset.download=true"
+                f"{cls.__name__} not found or damaged under {root} (torchvision's file check failed) and download "
+                f"is off: set dataset.root=<dir holding an intact copy> or dataset.download=true"
             ) from None
     try:
         return cls(str(root), train=True, download=True), cls(str(root), train=False, download=True)
@@ -158,9 +159,9 @@ def _load_folder(root: Path, cache_dir: Path, size, workers, skip_corrupt: bool 
     classes = _class_names(root)
     files = {split: _list_split(root / split, classes) for split in ("train", "test")}
     cache = cache_dir / f"{_CACHE_VERSION}-{_cache_key(root, files, size, skip_corrupt)}.npz"
-    if cache.exists():
-        with np.load(cache) as z:
-            return z["x_train"], z["y_train"], z["x_test"], z["y_test"], tuple(z["classes"].tolist())
+    z = _read_cache(cache, ("x_train", "y_train", "x_test", "y_test", "classes"))
+    if z is not None:
+        return z["x_train"], z["y_train"], z["x_test"], z["y_test"], tuple(z["classes"].tolist())
     arrays = {}
     for split, (paths, labels) in files.items():
         x, kept = _decode_all([Path(e.path) for e in paths], size, workers, f"decoding {root.name}/{split}",
@@ -226,6 +227,32 @@ def _cache_key(root: Path, files: dict, size, skip_corrupt: bool = False) -> str
             st = e.stat()
             h.update(f"{e.path[prefix:]}|{st.st_mtime_ns}|{st.st_size}\n".encode())
     return h.hexdigest()
+
+
+def _read_cache(path: Path, keys) -> dict | None:
+    """The arrays of a decoded-image cache, or None when there is none. A damaged cache (truncated,
+    overwritten, missing an array) is moved aside to ``<name>.corrupt`` with one warning, and the
+    images are decoded again."""
+    if not path.exists():
+        return None
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            return {k: z[k] for k in keys}
+    except Exception as err:  # noqa: BLE001  (zip, zlib, format and key errors all mean "damaged")
+        aside = path.with_name(path.name + ".corrupt")
+        k = 0
+        while aside.exists():
+            k += 1
+            aside = path.with_name(f"{path.name}.corrupt.{k}")
+        try:
+            path.replace(aside)
+            where = f"moved to {aside.name}"
+        except OSError:
+            where = "left in place"
+        reason = str(err).strip().splitlines()[0][:120] if str(err).strip() else type(err).__name__
+        logging.getLogger("fedlnl").warning("the decoded-image cache %s is damaged (%s: %s): %s; decoding the "
+                                            "images again", path, type(err).__name__, reason, where)
+        return None
 
 
 def _write_cache(path: Path, **arrays) -> None:
@@ -346,10 +373,16 @@ def original_order(y_sorted: np.ndarray, y_orig: np.ndarray) -> np.ndarray:
 
 
 def _read_labels(path: Path, key: str) -> np.ndarray:
-    if path.suffix == ".pt":
-        obj = torch.load(path, map_location="cpu", weights_only=False)  # CIFAR-N: dict of numpy arrays
-    else:
-        obj = np.load(path)
+    try:
+        if path.suffix == ".pt":
+            obj = torch.load(path, map_location="cpu", weights_only=False)  # CIFAR-N: dict of numpy arrays
+        else:
+            obj = np.load(path)
+    except FileNotFoundError:
+        raise DataError(f"dataset.order_labels file {path} does not exist: set dataset.order_labels=<file>") from None
+    except Exception as err:  # noqa: BLE001  (truncated or overwritten)
+        raise DataError(f"dataset.order_labels file {path} is damaged ({type(err).__name__}): restore it from "
+                        "its source (e.g. the CIFAR-N release) or set dataset.order_labels=<an intact copy>") from err
     if not isinstance(obj, (np.ndarray, torch.Tensor)):
         obj = obj[key]
     return np.asarray(obj, dtype=np.int64).reshape(-1)
@@ -567,9 +600,9 @@ def _clothing1m_images(root: Path, ann: Path, train_keys, test_keys, sizes, cach
     for keys in (train_keys, test_keys):
         h.update("\n".join(keys).encode() + b"|")
     cache = cache_dir / f"{_CLOTHING1M_CACHE_VERSION}-{h.hexdigest()}.npz" if cache_dir is not None else None
-    if cache is not None and cache.exists():
-        with np.load(cache) as z:
-            return z["x_train"], z["x_test"], z["kept_train"], z["kept_test"]
+    z = _read_cache(cache, ("x_train", "x_test", "kept_train", "kept_test")) if cache is not None else None
+    if z is not None:
+        return z["x_train"], z["x_test"], z["kept_train"], z["kept_test"]
     try:
         x_train, kept_train = _decode_all([root / k for k in train_keys], sizes[0], workers,
                                           "decoding clothing1m/train", skip_corrupt)

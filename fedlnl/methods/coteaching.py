@@ -36,6 +36,7 @@ refused before training (methods.md R3). A number is accepted in either mode.
 from __future__ import annotations
 
 from fedlnl.methods.common import checks, engine, lnl, pair
+from fedlnl.methods.common.protocol import UpdatePlan, local_steps
 
 
 class Coteaching:
@@ -69,6 +70,10 @@ class Coteaching:
         """The two networks' losses on one batch at forget rate ``forget`` (the cross-update, Alg. 1)."""
         return pair.coteaching_losses(logits1, logits2, labels,
                                       lnl.keep_count(labels.numel(), forget, self.keep_rounding))
+
+    def plan_update(self, ctx, k, info, model):
+        """(dry_run) one step a batch updates both networks; both are uploaded."""
+        return UpdatePlan(local_steps(info.client_sizes[k], self.fl.local_epochs, self.fl.batch_size), models=2)
 
     def client_update(self, state, client, ctx):
         forget = self.forget_rate_at(state, ctx)

@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from fedlnl.methods.common import checks, engine, lnl, pair
+from fedlnl.methods.common.protocol import UpdatePlan, local_steps
 
 LOSS_ON = ("logits", "softmax")
 EMPTY = ("skip", "full_batch")
@@ -89,6 +90,13 @@ class CoteachingPlus:
         if self.empty_disagreement == "skip":
             return None
         return F.cross_entropy(out1, labels), F.cross_entropy(out2, labels)
+
+    def plan_update(self, ctx, k, info, model):
+        """(dry_run) one step a batch for both networks, both uploaded; in the disagreement phase a
+        batch without disagreement takes no step with ``empty_disagreement=skip`` (an upper bound)."""
+        exact = ctx.round < self.init_round or self.empty_disagreement == "full_batch"
+        return UpdatePlan(local_steps(info.client_sizes[k], self.fl.local_epochs, self.fl.batch_size), models=2,
+                          exact=exact)
 
     def client_update(self, state, client, ctx):
         forget, plus = self.forget_rate_at(state, ctx), ctx.round >= self.init_round

@@ -49,7 +49,7 @@ from __future__ import annotations
 import math
 
 from fedlnl.methods.common import engine, semisup
-from fedlnl.methods.common.protocol import ClientUpdate
+from fedlnl.methods.common.protocol import ClientUpdate, UpdatePlan, local_steps
 
 
 class DivideMix:
@@ -97,6 +97,14 @@ class DivideMix:
 
     def sample_clients(self, state, ctx):
         return engine.uniform_clients(ctx.num_clients, self.fl.frac, ctx.rng("sample"))
+
+    def plan_update(self, ctx, k, info, model):
+        """(dry_run) both networks train and are uploaded. Warm-up: ``fl.local_epochs`` passes each;
+        then ``train_local_epochs`` passes over the samples the peer's GMM labels clean (an upper bound)."""
+        n = info.client_sizes[k]
+        if self._warmup(ctx):
+            return UpdatePlan(2 * local_steps(n, self.fl.local_epochs, self.fl.batch_size), models=2)
+        return UpdatePlan(2 * local_steps(n, self.train_local_epochs, self.fl.batch_size), models=2, exact=False)
 
     def _warmup(self, ctx) -> bool:
         return ctx.round < self.warmup_rounds

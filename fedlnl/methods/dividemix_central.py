@@ -37,7 +37,7 @@ import math
 import torch.nn.functional as F
 
 from fedlnl.methods.common import engine, semisup
-from fedlnl.methods.common.protocol import ALL_CLIENTS, ClientUpdate
+from fedlnl.methods.common.protocol import ALL_CLIENTS, ClientUpdate, UpdatePlan, client_size, local_steps
 
 
 class DivideMixCentral:
@@ -111,6 +111,15 @@ class DivideMixCentral:
             if math.isnan(semisup.mean_or_nan(batch_losses)):  # diverged: the runner stops the run
                 break
         return ClientUpdate(client.id, None, client.size, train_loss=semisup.mean_or_nan(losses))
+
+    def plan_update(self, ctx, k, info, model):
+        """(dry_run) this round's epochs of both networks over the pooled data: warm-up epochs in
+        batches of ``warmup_batch_size``, DivideMix epochs over the samples labelled clean (an upper
+        bound); nothing is uploaded."""
+        n, epochs = client_size(info, k), self._epochs(ctx)
+        warm = sum(1 for e in epochs if e < self.warmup_epochs)
+        steps = 2 * (local_steps(n, warm, self.warmup_batch_size) + local_steps(n, len(epochs) - warm, self.fl.batch_size))
+        return UpdatePlan(steps, models=0, exact=warm == len(epochs))
 
     def _warmup_epoch(self, nets, opts, client, gen) -> list[float]:
         labels = client.labels

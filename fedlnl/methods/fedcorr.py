@@ -99,7 +99,8 @@ import torch
 import torch.nn.functional as F
 
 from fedlnl.methods.common import engine, lnl
-from fedlnl.methods.common.protocol import ClientUpdate
+from fedlnl.methods.common.protocol import (ClientUpdate, Planned, UpdatePlan, local_steps, planned_clients,
+                                            planned_update)
 
 PRE, FT, USUAL = "preprocessing", "finetuning", "usual"
 STAGES = (PRE, FT, USUAL)
@@ -251,16 +252,20 @@ class FedCorr:
         return mu_hat <= self.kappa if self.kappa_cmp == "le" else mu_hat < self.kappa
 
     # ------------------------------------------------------------------ hooks
+    def _schedule(self, n: int, seed: int) -> dict:
+        """The state entries the schedule alone fixes (stage lengths, stage-1 shape, stage 3's
+        start and seed), shared by ``init`` and the plan hooks."""
+        lengths = self._lengths(n)
+        return {"lengths": lengths, "shape1": stage1_shape(n, self.fl.frac, self.fraction_scheduling, self.stage1_replace),
+                "start3": lengths[PRE] + lengths[FT], "seed3": _derived_seed(seed, "fedcorr/stage3")}
+
     def init(self, model, info, ctx):
         n = info.num_clients
-        lengths = self._lengths(n)
         return {
-            "model": model, "global": engine.get_weights(model), "info": info, "lengths": lengths,
-            "shape1": stage1_shape(n, self.fl.frac, self.fraction_scheduling, self.stage1_replace),
+            "model": model, "global": engine.get_weights(model), "info": info, **self._schedule(n, info.seed),
             "lid_cum": np.zeros(n), "lid_iter": np.zeros(n), "mu_hat": np.zeros(n),
             "noisy": np.zeros(n, dtype=bool), "losses": {}, "plan": [], "occ": {},
-            "clean_pool": [], "stage3": None, "start3": lengths[PRE] + lengths[FT],
-            "seed3": _derived_seed(info.seed, "fedcorr/stage3"),
+            "clean_pool": [], "stage3": None,
         }
 
     def sample_clients(self, state, ctx):
@@ -268,10 +273,9 @@ class FedCorr:
         n = ctx.num_clients
         state["occ"] = {}
         if stage == PRE:
-            s_count, _ = state["shape1"]
-            t, s = divmod(r, s_count)
+            s = r % state["shape1"][0]
             if s == 0:  # a new iteration: its whole client order is drawn now
-                state["plan"] = self._stage1_plan(n, ctx.rng("fedcorr", "stage1_order"))
+                state["plan"] = self._stage1_order(ctx, s)
                 state["lid_iter"] = np.zeros(n)
                 state["trained"] = set()
             return state["plan"][s]
@@ -279,14 +283,27 @@ class FedCorr:
             if r == 0:
                 state["clean_pool"] = self._clean_pool(state, ctx)
             pool = state["clean_pool"]
-            m = min(max(int(self.fl.frac * n), 1), len(pool))
+            m = min(self._m(n), len(pool))
             return sorted(ctx.rng("sample").choice(pool, size=m, replace=False).tolist())
         if self.stage3 is not None:
             if r == 0:
                 engine.set_weights(state["model"], state["global"])
                 state["stage3"] = self.stage3.init(state["model"], state["info"], self._ctx3(state, ctx))
             return self.stage3.sample_clients(state["stage3"], self._ctx3(state, ctx))
-        return engine.uniform_clients(n, self.fl.frac, ctx.rng("sample"))
+        return self._usual_clients(ctx)
+
+    def _m(self, n: int) -> int:
+        """Clients per round of stages 2 and 3: max(⌊γN⌋, 1)."""
+        return max(int(self.fl.frac * n), 1)
+
+    def _usual_clients(self, ctx) -> list[int]:
+        return engine.uniform_clients(ctx.num_clients, self.fl.frac, ctx.rng("sample"))
+
+    def _stage1_order(self, ctx, s: int) -> list[list[int]]:
+        """The sub-round client lists of the stage-1 iteration whose sub-round ``s`` is ``ctx.round``,
+        drawn at the iteration's first sub-round."""
+        first = dataclasses.replace(ctx, round=ctx.round - s)
+        return self._stage1_plan(ctx.num_clients, first.rng("fedcorr", "stage1_order"))
 
     def _stage1_plan(self, n: int, rng: np.random.Generator) -> list[list[int]]:
         """The client lists of one iteration's sub-rounds."""
@@ -353,6 +370,30 @@ class FedCorr:
 
         return engine.local_train(
             model, client.data, client.indices, client.labels, gen=gen, loss_fn=loss_fn, **self.fl.training())
+
+    # ------------------------------------------------------------------ plans (dry_run)
+    def plan_clients(self, ctx):
+        """``sample_clients`` without training: stage 1's orders and stage 3's draws are the run's;
+        stage 2 draws m of the clients S_c that stage 1 estimates clean, so m is an upper bound."""
+        sched = self._schedule(ctx.num_clients, ctx.seed)
+        stage, r = self._where(sched, ctx.round)
+        if stage == PRE:
+            s = r % sched["shape1"][0]
+            return self._stage1_order(ctx, s)[s]
+        if stage == FT:
+            return Planned(None, self._m(ctx.num_clients), exact=False)
+        if self.stage3 is not None:
+            return planned_clients(self.stage3, self._ctx3(sched, ctx))
+        return self._usual_clients(ctx)
+
+    def plan_update(self, ctx, k, info, model):
+        """Every stage trains ``fl.local_epochs`` passes (``_local_train``); stage 1 uploads the LID."""
+        sched = self._schedule(ctx.num_clients, ctx.seed)
+        stage, _ = self._where(sched, ctx.round)
+        if self._delegating(stage):
+            return planned_update(self.stage3, self._ctx3(sched, ctx), k, info, model)
+        steps = local_steps(info.client_sizes[k], self.fl.local_epochs, self.fl.batch_size)
+        return UpdatePlan(steps, payload=engine.payload_bytes({"lid": 0.0}) if stage == PRE else 0)
 
     def aggregate(self, state, updates, ctx):
         stage, r = self._where(state, ctx.round)

@@ -100,6 +100,7 @@ Other implementation notes and deviations
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import warnings
 
@@ -108,7 +109,7 @@ import torch
 import torch.nn.functional as F
 
 from fedlnl.methods.common import engine
-from fedlnl.methods.common.protocol import ClientUpdate
+from fedlnl.methods.common.protocol import ClientUpdate, UpdatePlan, local_steps
 
 PCS_MODES = ("per_epoch", "cached")
 VARIANCE_WEIGHTS = ("gamma", "gamma_squared")
@@ -353,9 +354,31 @@ class FedDiv:
         if self._in_warmup(ctx):
             it, pos = divmod(ctx.round, n)
             if state["perm_iter"] != it:  # a fresh random order of all clients per warm-up iteration
-                state["perm"], state["perm_iter"] = ctx.rng("warmup", it).permutation(n), it
+                state["perm"], state["perm_iter"] = self._warmup_order(ctx, it), it
             return [int(state["perm"][pos])]
         return engine.uniform_clients(n, self.fl.frac, ctx.rng("sample"))
+
+    def _warmup_order(self, ctx, it: int) -> np.ndarray:
+        """The client order of warm-up iteration ``it``, drawn at its first round."""
+        first = dataclasses.replace(ctx, round=it * ctx.num_clients)
+        return first.rng("warmup", it).permutation(ctx.num_clients)
+
+    # ---------------------------------------------------------------- plans (dry_run)
+    def plan_clients(self, ctx):
+        """``sample_clients`` without its cached order."""
+        if self._in_warmup(ctx):
+            it, pos = divmod(ctx.round, ctx.num_clients)
+            return [int(self._warmup_order(ctx, it)[pos])]
+        return engine.uniform_clients(ctx.num_clients, self.fl.frac, ctx.rng("sample"))
+
+    def plan_update(self, ctx, k, info, model):
+        """``fl.local_epochs`` passes; in the training phase over the samples the filter keeps
+        (known only then: an upper bound), uploading the filter's GMM unless filters stay local."""
+        steps = local_steps(info.client_sizes[k], self.fl.local_epochs, self.fl.batch_size)
+        if self._in_warmup(ctx):
+            return UpdatePlan(steps)
+        payload = 0 if self.local_filter else engine.payload_bytes({"filter": _filter([0, 0], [1, 1], [1, 1])})
+        return UpdatePlan(steps, payload=payload, exact=False)
 
     def client_update(self, state, client, ctx):
         if self._in_warmup(ctx):

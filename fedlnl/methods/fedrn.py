@@ -62,7 +62,7 @@ import torch
 import torch.nn.functional as F
 
 from fedlnl.methods.common import checks, engine, semisup
-from fedlnl.methods.common.protocol import ClientUpdate
+from fedlnl.methods.common.protocol import ClientUpdate, UpdatePlan, local_steps
 from fedlnl.methods.common.stores import ModelCache
 from fedlnl.methods.fedavg import FedAvg
 
@@ -127,6 +127,19 @@ class FedRN(FedAvg):
         probe = torch.randn(1, *info.input_shape, generator=ctx.generator("fedrn_probe"))
         return {**state, "cache": ModelCache(), "probe": probe.to(ctx.device), "flags": {},
                 "bytes_down_extra": 0}
+
+    def plan_update(self, ctx, k, info, model):
+        """(dry_run) warm-up: FedAvg's update. Then one head pass per neighbour (at most
+        ``num_neighbors``) over the provisional clean samples and the local training on the clean
+        ones: at most that many passes over all samples (an upper bound). Every update uploads the
+        expertise and the probe's C logits."""
+        n = info.client_sizes[k]
+        steps = local_steps(n, self.fl.local_epochs, self.fl.batch_size)
+        payload = engine.payload_bytes({"expertise": 0.0, "signature": torch.zeros(info.num_classes)})
+        if ctx.round < self.warmup_rounds(ctx):
+            return UpdatePlan(steps, payload=payload)
+        return UpdatePlan(steps + local_steps(n, self.num_neighbors, self.fl.batch_size), payload=payload,
+                          exact=False)
 
     # ------------------------------------------------------------------ client
     def client_update(self, state, client, ctx):

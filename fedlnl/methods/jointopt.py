@@ -41,7 +41,7 @@ from __future__ import annotations
 import math
 
 from fedlnl.methods.common import engine, semisup
-from fedlnl.methods.common.protocol import ClientUpdate
+from fedlnl.methods.common.protocol import ClientUpdate, UpdatePlan, local_steps
 
 
 class JointOpt:
@@ -74,6 +74,11 @@ class JointOpt:
 
     def sample_clients(self, state, ctx):
         return engine.uniform_clients(ctx.num_clients, self.fl.frac, ctx.rng("sample"))
+
+    def plan_update(self, ctx, k, info, model):
+        """(dry_run) warm-up: ``fl.local_epochs`` passes; then ``train_local_epochs`` JointOpt passes."""
+        epochs = self.fl.local_epochs if self._warmup(ctx) else self.train_local_epochs
+        return UpdatePlan(local_steps(info.client_sizes[k], epochs, self.fl.batch_size))
 
     def _warmup(self, ctx) -> bool:
         return ctx.round < self.warmup_rounds

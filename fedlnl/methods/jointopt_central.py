@@ -32,7 +32,7 @@ from __future__ import annotations
 import math
 
 from fedlnl.methods.common import engine, semisup
-from fedlnl.methods.common.protocol import ALL_CLIENTS, ClientUpdate
+from fedlnl.methods.common.protocol import ALL_CLIENTS, ClientUpdate, UpdatePlan, client_size, local_steps
 
 
 class JointOptCentral:
@@ -74,6 +74,10 @@ class JointOptCentral:
     def _epochs(self, ctx) -> range:
         start = ctx.round * self.epochs_per_round
         return range(start, min(start + self.epochs_per_round, self.epochs + self.second_epochs))
+
+    def plan_update(self, ctx, k, info, model):
+        """(dry_run) this round's epochs over the pooled data; nothing is uploaded."""
+        return UpdatePlan(local_steps(client_size(info, k), len(self._epochs(ctx)), self.fl.batch_size), models=0)
 
     def _second_lr(self, j: int) -> float:
         drops = sum(j >= m for m in (self.second_epochs // 3, 2 * self.second_epochs // 3))

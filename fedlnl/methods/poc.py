@@ -30,9 +30,12 @@ Fidelity switch
 """
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from fedlnl.methods.common import checks, engine
+from fedlnl.methods.common.protocol import Planned
 
 
 def candidate_pool(sizes, d: int, rng: np.random.Generator) -> list[int]:
@@ -81,8 +84,16 @@ class PoC:
         engine.set_weights(model, state["global"])
         losses = [self.global_loss(model, ctx.views(k)) for k in pool]
         state["evals"] += len(pool)
-        m = max(int(self.fl.frac * ctx.num_clients), 1)
-        return highest_loss(pool, losses, m)
+        return highest_loss(pool, losses, self._m(ctx.num_clients))
+
+    def _m(self, n: int) -> int:
+        return max(int(self.fl.frac * n), 1)
+
+    def plan_clients(self, ctx):
+        """(dry_run) m of the candidates ``sample_clients`` draws; which m, their losses decide."""
+        drawn_at = dataclasses.replace(ctx, round=0) if self.fixed_candidates else ctx  # init's pool: round 0
+        pool = candidate_pool(ctx.client_sizes, self.d, drawn_at.rng("poc_pool"))
+        return Planned(None, min(self._m(ctx.num_clients), len(pool)), among=pool)
 
     @staticmethod
     def global_loss(model, view) -> float:

@@ -102,7 +102,7 @@ import torch
 import torch.nn.functional as F
 
 from fedlnl.methods.common import checks, engine
-from fedlnl.methods.common.protocol import ClientUpdate
+from fedlnl.methods.common.protocol import ClientUpdate, UpdatePlan, local_steps
 
 #: ``forget_rate`` value meaning "the federation's nominal noise rate" (``FederationInfo.noise_rate``)
 NOISE = "noise"
@@ -194,6 +194,12 @@ class RoFL:
             raise ValueError(f"method.forget_rate=noise needs the federation's noise rate (got {rate!r}): "
                              "set method.forget_rate=<a share in [0, 1)>")
         return float(rate)  # a rate of 1 still keeps one sample per batch
+
+    def plan_update(self, ctx, k, info, model):
+        """(dry_run) ``fl.local_epochs`` passes, uploading the weights and the C x d centroids."""
+        centroids = torch.zeros(info.num_classes, model.feature_dim)  # the features' dtype: float32
+        return UpdatePlan(local_steps(info.client_sizes[k], self.fl.local_epochs, self.fl.batch_size),
+                          payload=engine.payload_bytes({"centroids": centroids}))
 
     def sample_clients(self, state, ctx):
         return engine.uniform_clients(ctx.num_clients, self.fl.frac, ctx.rng("sample"))

@@ -115,6 +115,10 @@ class SELFIE:
             fresh = semisup.fresh_copy(state["model"], engine._child_seed(ctx.generator("restart", run)), "all")
             state["global"], state["run"] = engine.get_weights(fresh), run
             history.clear(state["history"])
+        return self.plan_clients(ctx)
+
+    def plan_clients(self, ctx):
+        """Who trains (also for dry_run plans): ``sample_clients`` without its restart of the server model."""
         return engine.uniform_clients(ctx.num_clients, self.fl.frac, ctx.rng("sample"))
 
     def client_tau(self, state, client) -> float:

@@ -15,6 +15,8 @@ from torch import nn
 from torchvision.models import ResNet50_Weights
 
 WEIGHTS = ResNet50_Weights.IMAGENET1K_V1
+#: the stem and four stages halve the image five times: below 32 pixels a stage halves a 1x1 map
+MIN_SIZE = 32
 
 
 def imagenet_state_dict() -> dict[str, torch.Tensor]:
@@ -33,6 +35,10 @@ def imagenet_state_dict() -> dict[str, torch.Tensor]:
 class ResNet50(nn.Module):
     def __init__(self, num_classes: int, input_shape: Sequence[int], pretrained: bool):
         super().__init__()
+        if min(input_shape[1:]) < MIN_SIZE:
+            h, w = input_shape[1:]
+            raise ValueError(f"ResNet-50 (ImageNet stem, stride 32) needs inputs of at least {MIN_SIZE}x{MIN_SIZE} "
+                             f"pixels, got {h}x{w}: its later stages would only stride over 1x1 maps")
         self.net = torchvision.models.resnet50()
         if pretrained:
             if input_shape[0] != 3:

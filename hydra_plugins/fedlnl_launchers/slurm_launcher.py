@@ -18,14 +18,19 @@ cluster needs.
   (``<sweep dir>/.submitit/<job id>/<job id>_0_log.out``, stderr included by ``slurm.yaml``) and in
   the cell's own Hydra log.
 
-A task requeued by SLURM (``scontrol requeue``, preemption) or by submitit after a time-limit signal
-runs the same cell again; the runner resumes it from ``checkpoint.pt`` (``checkpoint_every``).
+A task requeued by SLURM (``scontrol requeue``, preemption) or by submitit after its time-limit signal
+(USR2, ``signal_delay_s`` before the limit) runs the same cell again. The run saves the round at the
+signal (``fedlnl.benchmark.stop``: checkpoint, ``status: interrupted``, lock released, then submitit's
+own handler requeues the task), and the requeued task resumes from ``checkpoint.pt``, taking over a
+lock its earlier run left (same SLURM job id). After the sweep, a cell that another process is still
+training (a live lock) is named by the sweeper.
 """
 from __future__ import annotations
 
 import copy
 import getpass
 import logging
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -55,7 +60,16 @@ class SlurmLauncher(SubmititSlurmLauncher):
         ret = super().__call__(sweep_overrides, *args)
         if ret.status == JobStatus.FAILED:
             log.error("cell failed: %s", " ".join(sweep_overrides), exc_info=ret._return_value)
+        # the cell is over: a time-limit or preemption signal from now on has nothing to save, and must
+        # not kill the task while it exits after submitit wrote its result (SLURM would call it FAILED)
+        for sig in (signal.SIGUSR2, signal.SIGTERM):
+            signal.signal(sig, signal.SIG_IGN)
         return ret
+
+    def cell_overrides(self, overrides: list[str]) -> list[str]:
+        """A cell's overrides as its task will run them (``threads`` from ``cpus_per_task``): the
+        sweeper validates these."""
+        return self._with_threads(list(overrides))
 
     # ------------------------------------------------------------------ on the submitting host
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:

@@ -201,7 +201,7 @@ class Cluster:
             "ProctrackType=proctrack/linuxproc", "TaskPlugin=task/none", "MpiDefault=none",
             "SchedulerType=sched/backfill", "SelectType=select/cons_tres", "SelectTypeParameters=CR_Core_Memory",
             "ReturnToService=2", "JobRequeue=1",
-            "KillWait=5",  # seconds between SIGTERM and SIGKILL (submitit ignores SIGTERM)
+            "KillWait=30",  # seconds between SIGTERM and SIGKILL (Slurm's default): fedlnl saves the round
             "AccountingStorageType=accounting_storage/slurmdbd", "AccountingStorageHost=localhost",
             f"AccountingStoragePort={self.dbd_port}",
             f"AccountingStoragePass={d}/munge.socket",  # the munge socket for talking to slurmdbd

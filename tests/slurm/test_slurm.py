@@ -3,9 +3,10 @@
 Only the command line is used: ``fedlnl-run -m ... hydra/launcher=slurm``, as on a real cluster. The
 checks: a sweep through SLURM equals the same sweep run by the basic launcher (summaries, metrics rows,
 report tables); a cancelled task's cell is the only one re-submitted and a finished sweep submits
-nothing; a task requeued by ``scontrol requeue`` and by submitit at its time limit resumes from its
-checkpoint to exactly the numbers of an uninterrupted run; a failing cell is named with its log while
-the others complete.
+nothing; a running task preempted by ``scontrol requeue`` (SIGTERM) with the default checkpoint
+settings, and one requeued by submitit at its time limit (USR2), save the round at the signal and
+resume on the requeued job (taking over the lock its earlier run left) to exactly the numbers of an
+uninterrupted run; a failing cell is named with its log while the others complete.
 """
 from __future__ import annotations
 
@@ -223,30 +224,41 @@ def resumes(cell: Path) -> list[int]:
 
 def test_requeued_and_timed_out_cells_resume_to_the_uninterrupted_numbers(tmp_path, basic):
     """Two copies of one cell through SLURM, beside the same cell run straight through by the basic
-    launcher: one requeued by hand (``scontrol requeue``) after its first checkpoint, one under a
-    1-minute limit that submitit requeues at every time-limit signal. ~90 s of rounds on this machine
-    make the limit hit at least once."""
+    launcher. One runs with the default checkpoint settings (no round-count checkpoints, the next
+    time-based one minutes away) and is preempted by hand (``scontrol requeue``: SIGTERM) in the
+    middle: it saves the round at the signal, writes ``status: interrupted`` and releases its lock;
+    before the requeued job starts, the test leaves a lock in the cell as a killed run on another node
+    would (same SLURM job id, fresh heartbeat), which the requeued job takes over. The other runs
+    under a 1-minute limit that submitit requeues at every time-limit signal (USR2). ~90 s of rounds
+    on this machine make the limit hit at least once. Both end with the uninterrupted numbers."""
     rounds = max(30, min(2000, math.ceil(90 / round_seconds(basic[0]))))
-    every = 3
     cell = ["method=fedavg", "seed=0", "debug=tiny", "device=cpu", f"fl.rounds={rounds}",
-            f"checkpoint_every={every}", f"name=requeue-{uuid.uuid4().hex[:6]}"]
+            f"name=requeue-{uuid.uuid4().hex[:6]}"]
     name = f"debug=tiny,fl.rounds={rounds},method=fedavg,seed=0"  # the cell's directory
     # Slurm checks limits every 30 s and sends the --signal=USR2@1 when at most 1 + 30 s are left: 29 to
     # 59 s into each run, after the task's startup, and SIGKILL 30 s later (measured on Slurm 22.05).
     limit = ["hydra.launcher.timeout_min=1", "hydra.launcher.signal_delay_s=1",
-             "hydra.launcher.max_num_timeout=30"]
+             "hydra.launcher.max_num_timeout=30", "checkpoint_every=3"]
     commands = {"straight": ["threads=1"], "requeued": SLURM, "timed-out": [*SLURM, *limit]}
     outs = {key: tmp_path / f"{key}.log" for key in commands}  # files, not pipes: nothing can block
     procs = {key: subprocess.Popen(fedlnl_run(*cell, f"hydra.sweep.dir={tmp_path / key}", *extra), cwd=tmp_path,
                                    env=ENV, stdout=outs[key].open("w"), stderr=subprocess.STDOUT)
              for key, extra in commands.items()}
+    held = tmp_path / "requeued" / name
     try:
         jobs = {key: submitted(tmp_path / key) for key in ("requeued", "timed-out")}
         deadline = time.time() + 300
-        while not (tmp_path / "requeued" / name / "checkpoint.pt").exists():  # preempt after a checkpoint
-            assert procs["requeued"].poll() is None and time.time() < deadline, "no checkpoint written"
+        while len(timing_rows(held)) < 5:  # preempt a running cell, several rounds in
+            assert procs["requeued"].poll() is None and time.time() < deadline, "the cell did not start"
             time.sleep(0.2)
         slurm("scontrol", "requeue", jobs["requeued"])
+        deadline = time.time() + 120
+        while not (status(held) == "interrupted" and not (held / ".lock").exists()):
+            assert time.time() < deadline, f"no interrupted summary: {status(held)}"
+            time.sleep(0.2)
+        stopped_at = json.loads((held / "summary.json").read_text())["rounds_run"]
+        # as if the run had been killed on another node after taking the lock: the requeued job takes it over
+        (held / ".lock").write_text(json.dumps({"host": "another-node", "pid": 4242, "slurm_job": jobs["requeued"]}))
         deadline = time.time() + 1200
         while any(p.poll() is None for p in procs.values()):
             assert time.time() < deadline, "the cells did not finish"
@@ -269,18 +281,37 @@ def test_requeued_and_timed_out_cells_resume_to_the_uninterrupted_numbers(tmp_pa
         assert states.count("REQUEUED") >= 1 and states[-1] == "COMPLETED", (key, states)
         assert submitit_events(task_log, "Requeued job") == timeouts, task_log[-3000:]  # requeued each time
         resumed = resumes(run_dir)
-        if key == "requeued":  # requeued once, by hand (SIGKILL follows 5 s later: maybe a later checkpoint)
-            assert timeouts == 0 and states.count("REQUEUED") == 1 and len(resumed) == 1, (states, resumed)
-        else:  # requeued by submitit at each time-limit signal, resuming from its latest checkpoint
+        if key == "requeued":  # requeued once, by hand, resuming from the round at the signal
+            assert timeouts == 0 and states.count("REQUEUED") == 1 and resumed == [stopped_at], (states, resumed)
+            assert "SIGTERM received: finishing the current round" in task_log, task_log[-3000:]
+            assert f"it was taken by an earlier run of SLURM job {job} (requeued or killed)" in task_log
+        else:  # requeued by submitit at each time-limit signal, resuming from the round at the signal
             assert timeouts >= 1 and states.count("REQUEUED") == timeouts, (states, task_log[-3000:])
-            assert 1 <= len(resumed) <= timeouts and resumed == sorted(resumed), resumed
-        assert all(r % every == 0 and 0 < r < rounds for r in resumed)
+            # a signal during a task's start-up (before training) requeues it with nothing to save
+            saved = task_log.count("SIGUSR2 received: finishing the current round")
+            assert 1 <= saved <= timeouts and len(resumed) == saved, (saved, resumed, timeouts)
+            assert resumed == sorted(resumed), resumed
+        assert all(0 < r < rounds for r in resumed)
         # ... and ending with exactly the uninterrupted run's numbers
         assert numbers(run_dir) == numbers(reference) and numbers(run_dir)["status"] == "complete"
         assert rows_of(run_dir) == rows_of(reference) and len(rows_of(run_dir)) == rounds
-        assert not (run_dir / "checkpoint.pt").exists()
+        assert not (run_dir / "checkpoint.pt").exists() and not (run_dir / ".lock").exists()
         got = numbers(run_dir)
         lines.append(f"{key}: {len(states) - 1} requeues ({timeouts} at the time limit), resumed after rounds "
                      f"{resumed}; best/final acc {got['best_acc']:.4f}/{got['final_acc']:.4f}")
     print(f"\n{rounds} rounds; uninterrupted best/final acc {numbers(reference)['best_acc']:.4f}/"
           f"{numbers(reference)['final_acc']:.4f}; " + "; ".join(lines) + f"; all {rounds} metrics rows equal")
+
+
+def timing_rows(cell: Path) -> list[str]:
+    try:
+        return (cell / "timing.jsonl").read_text().splitlines()
+    except OSError:
+        return []
+
+
+def status(cell: Path) -> str | None:
+    try:
+        return json.loads((cell / "summary.json").read_text()).get("status")
+    except (OSError, ValueError):
+        return None

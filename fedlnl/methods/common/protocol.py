@@ -206,7 +206,16 @@ class Method(Protocol):
     ``fl.rounds`` rounds. ``fl_unused: dict[str, str]`` names the shared ``fl`` keys the method does
     not read, with the reason (a command-line override of one is refused rather than ignored).
     ``noise_rate_key: str | None`` names the hyperparameter set to ``noise`` (= ``info.noise_rate``), so
-    that preflight refuses a noise config without a known rate before any cell trains."""
+    that preflight refuses a noise config without a known rate before any cell trains.
+
+    Plans (``dry_run=true``, ``fedlnl.benchmark.plan``) walk the same schedule without training:
+    ``plan_clients(ctx) -> list[int] | Planned`` gives a round's clients from the code
+    ``sample_clients`` uses (a method whose ``sample_clients`` reads ``state`` must provide it; the
+    planner otherwise calls ``sample_clients(None, ctx)``); ``plan_update(ctx, k, info, model) ->
+    UpdatePlan`` gives client k's optimiser steps and uploads (default: one ``engine.local_train`` of
+    ``fl.local_epochs`` passes over its samples, uploading the model). Where training decides a
+    figure, the hook returns an upper bound marked inexact. The end-to-end tests compare every
+    method's plan with its finished run."""
 
     fl: FLSettings
 
@@ -221,3 +230,64 @@ class Method(Protocol):
     ) -> tuple[Any, dict[str, float]]: ...
 
     def eval_model(self, state: Any) -> nn.Module: ...
+
+
+# ------------------------------------------------------------------------------------ plans
+@dataclass(frozen=True)
+class Planned:
+    """A round's participants as the schedule decides them before training (``dry_run`` plans).
+
+    ``clients`` lists them where the schedule alone decides (seeded draws, fixed orders); where
+    training decides who participates (PoC's highest losses, FedCorr's estimated-clean clients)
+    it is None and ``count`` of the clients in ``among`` (None: any client) take part. ``exact``
+    is False when ``count`` is only an upper bound (training may pick fewer)."""
+
+    clients: list[int] | None
+    count: int
+    exact: bool = True
+    among: list[int] | None = None
+
+
+@dataclass(frozen=True)
+class UpdatePlan:
+    """One client update as planned before training: optimiser ``steps``, the number of model
+    state dicts uploaded (``models``: 1 for the usual update, 2 for DivideMix's two networks, 0 for
+    a centralized step that sends nothing) and the other uploaded bytes (``payload``). ``exact`` is
+    False when ``steps`` is an upper bound (training on samples that training selects)."""
+
+    steps: int
+    models: int = 1
+    payload: int = 0
+    exact: bool = True
+
+
+def local_steps(num_samples: int, epochs: int, batch_size: int) -> int:
+    """Optimiser steps of ``epochs`` shuffled passes over ``num_samples`` in mini-batches of
+    ``batch_size`` with the last one short (``engine.batches``): epochs x ceil(n / B)."""
+    return int(epochs) * -(-int(num_samples) // int(batch_size))
+
+
+def planned_clients(method, ctx: "RoundContext") -> Planned:
+    """The clients of round ``ctx.round`` from the method's own schedule code: its
+    ``plan_clients(ctx)``, or its ``sample_clients(None, ctx)`` when sampling needs no state."""
+    hook = getattr(method, "plan_clients", None)
+    drawn = hook(ctx) if hook is not None else method.sample_clients(None, ctx)
+    if isinstance(drawn, Planned):
+        return drawn
+    drawn = [int(k) for k in drawn]
+    return Planned(drawn, sum(1 for k in drawn if k != ALL_CLIENTS))
+
+
+def planned_update(method, ctx: "RoundContext", k: int, info: FederationInfo, model: nn.Module) -> UpdatePlan:
+    """Client ``k``'s update in round ``ctx.round``: the method's ``plan_update(ctx, k, info,
+    model)``, or by default one local training of ``fl.local_epochs`` passes over the client's
+    samples in batches of ``fl.batch_size`` uploading the model (``engine.train_from_global``)."""
+    hook = getattr(method, "plan_update", None)
+    if hook is not None:
+        return hook(ctx, k, info, model)
+    return UpdatePlan(local_steps(client_size(info, k), method.fl.local_epochs, method.fl.batch_size))
+
+
+def client_size(info: FederationInfo, k: int) -> int:
+    """n_k, or the pooled training set for ``ALL_CLIENTS``."""
+    return int(sum(info.client_sizes)) if k == ALL_CLIENTS else int(info.client_sizes[k])

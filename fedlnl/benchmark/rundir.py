@@ -1,0 +1,114 @@
+"""A run directory: which config it holds, whether it is final, and whether a new run may use it.
+
+A directory is identified with a config by the hash of the resolved config without the keys that do
+not change the numbers (``NON_RESULT_KEYS``). A directory that holds a complete, diverged or
+interrupted run, or a live run, of another config is refused (one line naming what differs), so a
+typo in ``hydra.run.dir`` never overwrites another run's summary, metrics or ``.hydra/``.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+from fedlnl.benchmark.lock import CellLock, LockError
+from fedlnl.benchmark.validate import ConfigError
+
+#: config keys that do not change a run's numbers (left out of the config hash). ``threads`` is not
+#: one of them: the CPU thread count can change float reductions, so a resume never mixes two.
+NON_RESULT_KEYS = ("logger", "name", "preset", "checkpoint_every", "checkpoint_minutes", "skip_complete", "dry_run",
+                   "device", "hydra")
+#: statuses of a run whose directory belongs to its config: final ones, and interrupted (resumable)
+KEPT = ("complete", "diverged", "interrupted")
+
+
+def config_hash(cfg: dict) -> str:
+    kept = {k: v for k, v in cfg.items() if k not in NON_RESULT_KEYS}
+    return hashlib.blake2b(json.dumps(kept, sort_keys=True, default=str).encode(), digest_size=8).hexdigest()
+
+
+def read_summary(run_dir: Path) -> dict | None:
+    try:
+        summary = json.loads((Path(run_dir) / "summary.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return summary if isinstance(summary, dict) else None
+
+
+def completed(run_dir: Path, cfg_hash: str) -> dict | None:
+    """The summary in ``run_dir`` if it is final for this config (a sweep cell to skip): complete, or
+    diverged (deterministic: a re-run would diverge again). A failed/interrupted run is re-run."""
+    summary = read_summary(run_dir)
+    if summary is None:
+        return None
+    final = summary.get("status") in ("complete", "diverged")
+    return summary if final and summary.get("config_hash") == cfg_hash else None
+
+
+def check_run_dir(run_dir: Path, cfg_hash: str, resolved: dict, key: str = "hydra.run.dir") -> None:
+    """Raise ConfigError when ``run_dir`` cannot take this run: its ``.lock`` is not a file, or it
+    holds a kept or live run of another config. ``key`` is the setting that chose the directory."""
+    run_dir = Path(run_dir)
+    lock = CellLock(run_dir)
+    try:
+        lock.check_path()
+    except LockError as err:
+        raise ConfigError(str(err)) from err
+    summary = read_summary(run_dir)
+    other = summary is not None and summary.get("config_hash") not in (None, cfg_hash)
+    if other and summary.get("status") in KEPT:
+        raise ConfigError(f"{run_dir} holds a {summary['status']} run of another config "
+                          f"({config_diff(summary.get('config') or {}, resolved)}): set {key}= to another "
+                          f"directory, or move that run away")
+    owner = lock.owner()
+    if owner and owner.get("config_hash") not in (None, cfg_hash) and lock.stale() is None:
+        raise ConfigError(f"{run_dir} is being trained with another config ({lock.describe()}): set {key}= to "
+                          f"another directory")
+
+
+def config_diff(old: dict, new: dict, limit: int = 3) -> str:
+    """``fl.lr: 0.01 -> 0.05, seed: 0 -> 1`` for the result keys that differ (at most ``limit``)."""
+    a, b = _flat({k: v for k, v in old.items() if k not in NON_RESULT_KEYS}), \
+        _flat({k: v for k, v in new.items() if k not in NON_RESULT_KEYS})
+    keys = sorted(k for k in set(a) | set(b) if a.get(k, "<unset>") != b.get(k, "<unset>"))
+    shown = [f"{k}: {_short(a.get(k, '<unset>'))} -> {_short(b.get(k, '<unset>'))}" for k in keys[:limit]]
+    more = f", {len(keys) - limit} more" if len(keys) > limit else ""
+    return (", ".join(shown) + more) if shown else "the same keys, an older hash"
+
+
+def _flat(d, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def _short(v) -> str:
+    text = json.dumps(v, default=str) if not isinstance(v, str) else v
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def check_writable(path: Path, key: str) -> None:
+    """Raise ConfigError when ``path`` cannot be created or written: a component that is a file,
+    or a first existing directory this process cannot write (permissions, a read-only mount)."""
+    path = Path(path).absolute()
+    for p in [path, *path.parents]:
+        if not p.exists():
+            continue
+        if not p.is_dir():
+            raise ConfigError(f"{key}={path} cannot be created: {p} is a file, not a directory")
+        if not os.access(p, os.W_OK | os.X_OK) or _read_only(p):
+            why = "a read-only file system" if _read_only(p) else "no write permission"
+            raise ConfigError(f"{key}={path} cannot be written: {p} is not writable ({why})")
+        return
+
+
+def _read_only(p: Path) -> bool:
+    try:
+        return bool(os.statvfs(p).f_flag & os.ST_RDONLY)
+    except (OSError, AttributeError):
+        return False
