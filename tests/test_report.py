@@ -391,9 +391,12 @@ def test_report_imports_neither_the_runner_nor_torch_and_ships_the_paper_numbers
 
     code = ("import sys, fedlnl.benchmark.report as r; "
             "print('torch' in sys.modules, 'fedlnl.benchmark.run' in sys.modules, "
-            "r.reference.packaged_reference('fedcorr_t2') is not None)")
+            "r.reference.packaged_reference('fedcorr_t2') is not None, "
+            "*sorted(m for m in sys.modules if m.startswith('fedlnl.methods')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.split() == ["False", "False", "True"]
+    # the method families come from a module of their own: no method (nor the protocol) is imported
+    assert out.split() == ["False", "False", "True", "fedlnl.methods", "fedlnl.methods.common",
+                           "fedlnl.methods.common.families"]
 
 
 @pytest.mark.parametrize("part, noise, expected", [

@@ -33,7 +33,8 @@ LINESTYLES = ("-", "--", ":", "-.")
 
 def line_styles(names: list) -> dict:
     """{name: (colour, line style)}: ten colours, then the same colours with the next line style,
-    so up to 40 names get distinct pairs (the quickstart has 17 methods)."""
+    so up to 40 names get distinct pairs (the one-panel-per-column figure; the report groups more
+    than 8 curves by family, :func:`plot_acc_vs_cost_grouped`)."""
     cmap = colormaps[PALETTE]
     return {name: (cmap(i % cmap.N), LINESTYLES[(i // cmap.N) % len(LINESTYLES)])
             for i, name in enumerate(names)}
@@ -47,12 +48,16 @@ def panel_title(label: str) -> str:
 
 
 def plot_acc_vs_cost(curves: dict, path: str | Path, references: dict | None = None,
-                     ylabel: str = "test accuracy (%)") -> Path:
+                     ylabel: str = "test accuracy (%)", groups: list[tuple[str, list]] | None = None,
+                     baseline: str | None = None) -> Path:
     """Test accuracy (%) vs communication cost: one panel per column label, one line per row.
 
     ``curves`` is {panel title: {line name: (cost array, accuracy array)}}; ``references`` is
     {panel title: {name: accuracy}} for rows without communication (centralized training),
-    drawn as horizontal lines in the same style. The legend sits under the panels."""
+    drawn as horizontal lines in the same style. The legend sits under the panels. With ``groups``
+    ([(group title, line names)]), :func:`plot_acc_vs_cost_grouped` draws one row of panels per group."""
+    if groups:
+        return plot_acc_vs_cost_grouped(curves, path, groups, references, ylabel, baseline)
     references = references or {}
     names = list(dict.fromkeys(name for part in (curves, references) for lines in part.values() for name in lines))
     styles = line_styles(names)
@@ -76,6 +81,79 @@ def plot_acc_vs_cost(curves: dict, path: str | Path, references: dict | None = N
     fig.legend(handles=handles, loc="outside lower center", ncols=ncols, fontsize=8, frameon=False)
     fig.savefig(path, dpi=120)
     return Path(path)
+
+
+#: the horizontal reference lines of the grouped figure (centralized training): grey, told apart by style
+REFERENCE_STYLES = (("0.35", ":"), ("0.35", "-."), ("0.6", ":"), ("0.6", "-."), ("0.35", (0, (5, 1, 1, 1, 1, 1))))
+
+
+def plot_acc_vs_cost_grouped(curves: dict, path: str | Path, groups: list[tuple[str, list]],
+                             references: dict | None = None, ylabel: str = "test accuracy (%)",
+                             baseline: str | None = None) -> Path:
+    """Accuracy vs cost with one row of panels per group (e.g. a method family), headed by its
+    title, and one column per column label, all on one accuracy axis and, per column, one cost
+    axis. A panel holds its group's lines (solid, distinct colours: keep groups to ten lines or
+    fewer), the ``baseline`` row as a black dashed line and the ``references`` (no communication) as
+    grey horizontal lines, both in every panel; each row's legend sits at its right, the shared
+    lines' legend on top."""
+    fig = grouped_figure(curves, groups, references, ylabel, baseline)
+    fig.savefig(path, dpi=110)
+    return Path(path)
+
+
+def grouped_figure(curves: dict, groups: list[tuple[str, list]], references: dict | None = None,
+                   ylabel: str = "test accuracy (%)", baseline: str | None = None) -> Figure:
+    """The figure of :func:`plot_acc_vs_cost_grouped`, unsaved."""
+    references = references or {}
+    titles = list(dict.fromkeys([*curves, *references]))
+    n, cmap = len(titles), colormaps[PALETTE]
+    central = list(dict.fromkeys(name for lines in references.values() for name in lines))
+    ref_style = {name: REFERENCE_STYLES[i % len(REFERENCE_STYLES)] for i, name in enumerate(central)}
+    has_baseline = any(baseline in curves.get(t, {}) for t in titles)
+    fig = Figure(figsize=(3.9 * n + 1.7, 2.9 * len(groups) + 1.0), layout="constrained")
+    FigureCanvasAgg(fig)
+    grid = fig.add_gridspec(2 * len(groups), n + 1, width_ratios=[1] * n + [1.6 / 3.9],
+                            height_ratios=[0.09, 1] * len(groups))
+    first, column_axes = None, [None] * n
+    for g, (group, names) in enumerate(groups):
+        head = fig.add_subplot(grid[2 * g, :])
+        head.axis("off")
+        head.text(0, 0, group, fontsize=10, fontweight="bold", ha="left", va="bottom", transform=head.transAxes)
+        for j, title in enumerate(titles):
+            ax = fig.add_subplot(grid[2 * g + 1, j], sharey=first, sharex=column_axes[j])
+            first, column_axes[j] = first or ax, column_axes[j] or ax
+            _grouped_panel(ax, curves.get(title, {}), references.get(title, {}), names, ref_style,
+                           baseline if has_baseline else None)
+            ax.set_title(panel_title(title), fontsize=9)
+            if j == 0:
+                ax.set_ylabel(ylabel, fontsize=8)
+            if g == len(groups) - 1:
+                ax.set_xlabel("communication cost (client participations)", fontsize=8)
+        legend = fig.add_subplot(grid[2 * g + 1, n])
+        legend.axis("off")
+        legend.legend(handles=[Line2D([], [], color=cmap(i % cmap.N), lw=2, label=str(name))
+                               for i, name in enumerate(names)], loc="center left", fontsize=8, frameon=False)
+    shared = [Line2D([], [], color="k", ls="--", lw=1.4, label=f"{baseline} (in every panel)")] if has_baseline else []
+    shared += [Line2D([], [], color=c, ls=ls, lw=1.2, label=f"{name} (no communication: final acc.)")
+               for name, (c, ls) in ref_style.items()]
+    if shared:
+        fig.legend(handles=shared, loc="outside upper center", ncols=len(shared), fontsize=8, frameon=False)
+    return fig
+
+
+def _grouped_panel(ax, lines: dict, references: dict, names: list, ref_style: dict, baseline) -> None:
+    cmap = colormaps[PALETTE]
+    for name, (color, ls) in ref_style.items():
+        if name in references:
+            ax.axhline(references[name], color=color, ls=ls, lw=1.2)
+    if baseline in lines:
+        ax.plot(np.asarray(lines[baseline][0]), np.asarray(lines[baseline][1]), color="k", ls="--", lw=1.4,
+                zorder=3)  # on top: its gaps show a line it covers
+    for i, name in enumerate(names):
+        if name in lines:
+            ax.plot(np.asarray(lines[name][0]), np.asarray(lines[name][1]), color=cmap(i % cmap.N), lw=1.4)
+    ax.grid(alpha=0.3)
+    ax.tick_params(labelsize=8)
 
 
 # ---------------------------------------------------------------- per-run figures (FedCorr Figs. 3-10)
@@ -357,22 +435,32 @@ def cd_cliques(mean_rank: dict, cd: float) -> list[tuple[int, int]]:
     return spans
 
 
-def plot_cd_diagram(mean_rank: dict, cd: float | None, path: str | Path, title: str = "") -> Path:
+#: label colours of the critical-difference diagram's groups (method families)
+GROUP_PALETTE = "Dark2"
+
+
+def plot_cd_diagram(mean_rank: dict, cd: float | None, path: str | Path, title: str = "",
+                    groups: dict | None = None) -> Path:
     """Critical-difference diagram (Demšar 2006, Fig. 1): methods placed at their mean rank on an
     axis from 1 (best) to k, labels to the left (better half) and right; a thick bar joins methods
     whose mean ranks differ by less than the critical difference ``cd`` (drawn at the top). Without
-    ``cd`` (not enough cells for a test) the ranks alone are drawn."""
+    ``cd`` (not enough cells for a test) the ranks alone are drawn. With ``groups`` ({name: group},
+    e.g. the method families, in their order) each label is coloured by its group, with a legend.
+    The figure grows with the number of methods k, so every label keeps its own line."""
     names = sorted(mean_rank, key=lambda n: (mean_rank[n], str(n)))
     k = len(names)
     half = math.ceil(k / 2)
-    fig, (ax,) = _single(size=(7.2, 1.6 + 0.28 * half))
+    colour = _group_colours(names, groups)
+    fig, (ax,) = _single(size=(max(7.2, 3.6 + 0.22 * k), 1.6 + 0.28 * half + (0.4 if colour else 0)))
     ax.set_xlim(0.2, k + 0.8)
-    ax.set_ylim(-(half + 1.2), 1.6)
+    ax.set_ylim(-(0.9 * half + 0.8), 1.6)
     ax.axis("off")
     ax.hlines(0, 1, k, color="k", lw=1)
+    step = 1 if k <= 20 else 5
     for r in range(1, k + 1):
-        ax.vlines(r, 0, 0.15, color="k", lw=1)
-        ax.text(r, 0.25, str(r), ha="center", va="bottom", fontsize=8)
+        ax.vlines(r, 0, 0.15 if r % step == 0 or r == 1 else 0.08, color="k", lw=1)
+        if r % step == 0 or r == 1:
+            ax.text(r, 0.25, str(r), ha="center", va="bottom", fontsize=8)
     for i, name in enumerate(names):
         x = mean_rank[name]
         left = i < half
@@ -380,7 +468,7 @@ def plot_cd_diagram(mean_rank: dict, cd: float | None, path: str | Path, title: 
         end = 0.4 if left else k + 0.6
         ax.plot([x, x, end], [0, level, level], color="0.3", lw=0.8)
         ax.text(end + (-0.05 if left else 0.05), level, f"{name} ({x:.2f})", ha="right" if left else "left",
-                va="center", fontsize=8)
+                va="center", fontsize=8, color=colour.get(name, "k"))
     if cd is not None:
         ax.plot([1, 1 + cd], [1.15, 1.15], color="k", lw=1.5)
         ax.text(1 + cd / 2, 1.25, f"CD = {cd:.2f}", ha="center", va="bottom", fontsize=8)
@@ -388,4 +476,19 @@ def plot_cd_diagram(mean_rank: dict, cd: float | None, path: str | Path, title: 
         for line, (i, j) in enumerate(cd_cliques(mean_rank, cd)):
             y = -0.25 - 0.18 * line
             ax.plot([ordered[i] - 0.03, ordered[j] + 0.03], [y, y], color="k", lw=3, solid_capstyle="butt")
+    if colour:
+        shown = list(dict.fromkeys(groups[n] for n in groups if n in colour))
+        handles = [Line2D([], [], color=colour[next(n for n in names if groups.get(n) == g)], lw=4, label=str(g))
+                   for g in shown]
+        fig.legend(handles=handles, loc="outside lower center", ncols=math.ceil(len(handles) / 2), fontsize=8,
+                   frameon=False)
     return _save(fig, path, title)
+
+
+def _group_colours(names: list, groups: dict | None) -> dict:
+    """{name: colour} by group, in the groups' order; {} without groups or with a single group."""
+    if not groups or len({groups.get(n) for n in names}) < 2:
+        return {}
+    order = list(dict.fromkeys(groups[n] for n in groups))
+    cmap = colormaps[GROUP_PALETTE]
+    return {n: cmap(order.index(groups[n]) % cmap.N) for n in names if n in groups}

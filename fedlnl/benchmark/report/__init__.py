@@ -18,6 +18,16 @@ n of complete runs. The std is the population std (ddof=0): the papers (FedCorr,
 "mean ± std over 5 trials" without saying which; with n = 5, ddof=1 would be sqrt(5/4) = 1.118
 times larger. The best mean of each column (compared at the printed 2 decimals) is bold.
 
+Method families: when the summaries record ``family`` (each method class names one of
+``fedlnl.methods.common.families.FAMILIES``), the rows of every table (Markdown, LaTeX, HTML, and
+the win/tie/loss matrix) are grouped under a heading row per family, in FAMILIES order, then any
+other family name alphabetically, then "other" (rows none of whose runs records a family: older
+summaries, runs without a summary; one note line names them); within a family rows are sorted by
+name, so ablation variants follow their method. The csv files (accuracy, comm, detection, ranks)
+get a ``family`` column. Grouping is for reading only: bold, the tests against a column's best, the
+ranks and the Friedman test are over all rows. No run with a family, ``--rows family`` or rows
+whose runs name several families (rows that are not methods): no grouping.
+
 Communication (FedCorr appendix B, C.3, Tables 11-13): total cost (client participations) and cost
 to each accuracy target, as means over the complete seeds; a target is averaged over the seeds that
 reached it ("[k/n]" when not all did) and is "-" when none did. ``--ratio-to METHOD`` adds the ratio
@@ -86,8 +96,10 @@ comm.{md,csv,tex}, detection.{md,csv,tex} (noisy-client P/R/F1, μ̂ MAE, relabe
 after correction: mean ± std over seeds), noise.{md,csv} (requested vs realised noise per column and
 seed), acc_vs_cost.png (mean accuracy over seeds vs communication cost, one panel per column titled
 with its axes, e.g. "ρ=0.6, τ=0.5"; rows named ``*_central`` or without communication as horizontal
-lines), cd_diagram.png, runs/*/*.png (also noise_realised.png: requested vs realised noise per
-client). csv files are in long form, accuracies in %. With runs logged to W&B (``--wandb auto``), one
+lines; with more than 8 curves and recorded families, one row of panels per family, at most 7
+curves a panel (a larger family is cut into parts), fedavg dashed in every panel), cd_diagram.png
+(sized by the number of methods, labels coloured by family), runs/*/*.png (also noise_realised.png:
+requested vs realised noise per client). csv files are in long form, accuracies in %. With runs logged to W&B (``--wandb auto``), one
 run "report" in the sweep's W&B group holds the tables, figures and page (``wandb_log``).
 """
 from __future__ import annotations

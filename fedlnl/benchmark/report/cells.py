@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 
 from fedlnl.benchmark.setting import EXTRAS as SETTING_EXTRAS
+from fedlnl.methods.common.families import FAMILIES
 
 
 SETTING_KEYS = ("rho", "tau", "partition", "p", "alpha", "num_clients")
@@ -150,7 +151,42 @@ def pooling_keys(runs: pd.DataFrame, rows: str) -> list[str]:
     return varying
 
 
+#: the group of rows none of whose runs records a method family (summaries written before the runner
+#: recorded it, runs without a summary): shown last
+OTHER_FAMILY = "other"
+
+
+def row_families(runs: pd.DataFrame, rows: str) -> dict | None:
+    """{row value: method family} in table order, from the summaries' ``family``; rows without one
+    get :data:`OTHER_FAMILY`. None (no grouping) when no run records a family, when the rows are the
+    families themselves, or when a row's runs name several families (rows that are not methods)."""
+    if rows == "family" or "family" not in runs or rows not in runs:
+        return None
+    found: dict = {}
+    for row, family in zip(map(_canon, runs[rows]), map(_canon, runs["family"])):  # Series.map: None -> NaN
+        if row is not None:
+            found.setdefault(row, set()).update([] if family is None else [str(family)])
+    if not any(found.values()) or any(len(f) > 1 for f in found.values()):
+        return None
+    families = {row: next(iter(f)) if f else OTHER_FAMILY for row, f in found.items()}
+    order = sorted(families, key=lambda row: (family_key(families[row]), _sort_key(row)))  # the tables' order
+    return {row: families[row] for row in order}
+
+
+def family_key(family: str) -> tuple:
+    """Sort key of a family: ``FAMILIES`` order, then families a user's method names (alphabetical),
+    then :data:`OTHER_FAMILY`."""
+    if family in FAMILIES:
+        return (0, FAMILIES.index(family), "")
+    return (2, 0, "") if family == OTHER_FAMILY else (1, 0, str(family))
+
+
 def _row_values(runs: pd.DataFrame, rows: str) -> list:
+    """The rows in table order: grouped by family (:func:`family_key`) when the runs record one, by
+    name (numbers by value) within a family, so a method's ablation variants follow it."""
+    families = row_families(runs, rows)
+    if families is not None:
+        return list(families)
     return sorted({_canon(v) for v in runs[rows]}, key=_sort_key)
 
 

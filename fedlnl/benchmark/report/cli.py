@@ -13,7 +13,8 @@ import pandas as pd
 
 from fedlnl.benchmark import plots
 from fedlnl.benchmark.report import html, stats, wandb_log
-from fedlnl.benchmark.report.cells import NOT_RUN, _canon, _fmt, resolve_key, with_columns
+from fedlnl.benchmark.report.cells import (NOT_RUN, OTHER_FAMILY, _canon, _fmt, resolve_key, row_families,
+                                           with_columns)
 from fedlnl.benchmark.report.commands import run_commands
 from fedlnl.benchmark.report.figures import FIGURE_MODES, _write_figures
 from fedlnl.benchmark.report.loading import ReportInputError, load_summaries
@@ -24,7 +25,7 @@ from fedlnl.benchmark.report.tables import (accuracy_grid, accuracy_table, colum
                                             comm_markdown, comm_sections, comm_table, detection_grid,
                                             detection_table, effective_diffs, effective_warnings, incomplete_runs,
                                             missing_seeds, noise_markdown, noise_table, stats_caption, to_latex,
-                                            to_markdown)
+                                            to_markdown, with_family)
 
 log = logging.getLogger(__name__)
 METRICS = ("best_acc", "final_acc", "last10_acc", "best_balanced_acc", "final_balanced_acc", "last10_balanced_acc")
@@ -39,6 +40,11 @@ CODE_DEFAULTS = (
     "options help string (methods.md Q24), not a published FedProx setting",
     "RoFL weight decay 1e-4: the unofficial code's default (unknown whether FedCorr kept it)",
 )
+
+
+#: the caption's sentence on rows grouped by family (the statistics never look at the groups)
+GROUPED = (" Rows are grouped by method family (summary.json `family`, in fedlnl's FAMILIES order; by name "
+           "within a family); bold, the tests and the ranks compare all rows, never only a family's.")
 
 
 @dataclass(frozen=True)
@@ -98,6 +104,7 @@ class Report:
     detection: pd.DataFrame | None = None
     noise: pd.DataFrame | None = None
     commands: dict = field(default_factory=dict)
+    families: dict | None = None  # {row: method family} when the rows are grouped by family
 
 
 def write_report(frame: pd.DataFrame, out: Path, rows: str = "method", by: Sequence[str] = (),
@@ -113,17 +120,17 @@ def write_report(frame: pd.DataFrame, out: Path, rows: str = "method", by: Seque
     full = add_missing_cells(frame, reference)
     frame = full if full_grid else drop_empty_columns(full, rows, by)
     rep = Report(title=f"fedlnl report: {source.name if source else out.parent.name}", metric=metric,
-                 commands=run_commands(frame) if source is not None else {})
+                 commands=run_commands(frame) if source is not None else {}, families=row_families(frame, rows))
     tables = [accuracy_table(frame, rows, by, m, reference if m == metric.main else None, test_) for m in metric.shown]
-    rep.tables = tables
+    rep.tables = [with_family(t, rows, rep.families) for t in tables]
     rep.grid = side_by_side([accuracy_grid(t, rows) for t in tables], metric.shown)
     about = " | ".join(f"{m} in %" for m in metric.shown) + ": mean ± std (population, ddof=0) over seeds, n = complete runs"
-    rep.caption = f"{about}. {stats_caption(tables[0], test_)}"
+    rep.caption = f"{about}. {stats_caption(tables[0], test_)}" + (GROUPED if rep.families else "")
     if reference is not None:
         rep.caption += " " + reference_note(reference)
     rep.statistics = table_statistics(frame, tables[0], rows, by, metric.main, test_, reference is not None)
     rep.missing = missing_summary(full, rows, by) if not full_grid else []
-    rep.notes = notes(full, frame, rows, by, metric, full_grid)
+    rep.notes = notes(full, frame, rows, by, metric, full_grid, rep.families)
     _write_tables(rep, frame, out, rows, by, ratio_to, reference)
     _write_statistics(rep, out, rows, draw=figures != "none")
     if figures != "none":
@@ -138,7 +145,7 @@ def write_report(frame: pd.DataFrame, out: Path, rows: str = "method", by: Seque
 
 def main_text(rep: Report) -> str:
     text, bold = rep.grid
-    body = f"{rep.caption}\n\n{to_markdown(text, bold)}"
+    body = f"{rep.caption}\n\n{to_markdown(text, bold, rep.families)}"
     brief = stats_brief(rep.statistics)
     if brief:
         body += "\n" + "\n".join(brief) + "\n"
@@ -237,12 +244,12 @@ def _write_statistics(rep: Report, out: Path, rows: str, draw: bool = True) -> N
     st = rep.statistics
     fr = st["friedman"]
     if fr.get("mean_rank"):
-        pd.DataFrame({rows: list(fr["mean_rank"]), "mean_rank": list(fr["mean_rank"].values())}).to_csv(
-            out / "ranks.csv", index=False)
+        with_family(pd.DataFrame({rows: list(fr["mean_rank"]), "mean_rank": list(fr["mean_rank"].values())}),
+                    rows, rep.families).to_csv(out / "ranks.csv", index=False)
         title = f"Mean rank of {st['metric']} over {fr['n']} cell(s)"
         title += f"; Friedman p = {fr['p']:.3g}, Nemenyi CD = {fr['cd']:.2f}" if fr.get("status") == "ok" else ""
         if draw:
-            plots.plot_cd_diagram(fr["mean_rank"], fr.get("cd"), out / "cd_diagram.png", title)
+            plots.plot_cd_diagram(fr["mean_rank"], fr.get("cd"), out / "cd_diagram.png", title, rep.families)
     pd.DataFrame(st["wtl"]).to_csv(out / "wtl.csv", index=False)
     if "agreement" in st:
         cells = pd.DataFrame(st["agreement"]["cells"],
@@ -278,7 +285,8 @@ def stats_markdown(rep: Report, rows: str) -> str:
     parts += [f"- {line}" for line in stats_brief(st)]
     parts.append(f"\n## Win / tie / loss over cells (row vs column; tie = not significant at α = {st['alpha']:g}, "
                  "uncorrected, per cell)\n")
-    parts.append(to_markdown(st["wtl_text"].rename_axis(rows)) if len(st["wtl_text"]) else "no cells\n")
+    parts.append(to_markdown(st["wtl_text"].rename_axis(rows), families=rep.families) if len(st["wtl_text"])
+                 else "no cells\n")
     if "agreement" in st and st["agreement"]["cells"]:
         parts.append("\n## Agreement with the paper's ordering (Kendall τ_b)\n")
         frame = pd.DataFrame(st["agreement"]["cells"]).set_index("column")
@@ -291,10 +299,11 @@ def stats_markdown(rep: Report, rows: str) -> str:
 
 
 def notes(full: pd.DataFrame, frame: pd.DataFrame, rows: str, by: Sequence[str], metric: Metric,
-          full_grid: bool) -> list[Note]:
+          full_grid: bool, families: dict | None = None) -> list[Note]:
     """One :class:`Note` per kind: incomplete runs, cells with missing seeds, config keys that had
-    to split cells, different local-training values, runs without the metric, reference-only code
-    defaults, reference cells without runs (with --full-grid; else the per-method summary)."""
+    to split cells, different local-training values, runs without the metric, rows without a method
+    family, reference-only code defaults, reference cells without runs (with --full-grid; else the
+    per-method summary)."""
     _, _, keys = with_columns(frame, rows, by)
     found = []
     incomplete = incomplete_runs(frame, rows)
@@ -321,6 +330,11 @@ def notes(full: pd.DataFrame, frame: pd.DataFrame, rows: str, by: Sequence[str],
     if lacking:
         log.warning("%s", lacking.line)
         found.append(lacking)
+    unknown = sorted((_fmt(r) for r, f in (families or {}).items() if f == OTHER_FAMILY), key=str)
+    if unknown:
+        found.append(Note("family", f"{len(unknown)} row(s) grouped under '{OTHER_FAMILY}': none of their runs "
+                                    "records a method family (summary.json written before the runner recorded "
+                                    f"it, or no summary): {_some(unknown)}", unknown))
     if "setting.fidelity" in frame and (frame["setting.fidelity"] == "reference").any():
         found.append(Note("code defaults", f"fidelity=reference: {len(CODE_DEFAULTS)} values are code defaults, "
                                            "not published settings (FedDiv ζ/ξ/m, FedProx μ reading, RoFL weight decay)",
@@ -368,19 +382,19 @@ def _write_tables(rep: Report, frame: pd.DataFrame, out: Path, rows: str, by: Se
                   reference) -> None:
     text, bold = rep.grid
     pd.concat(rep.tables, ignore_index=True).to_csv(out / "accuracy.csv", index=False)
-    (out / "accuracy.tex").write_text(to_latex(text, bold, rep.caption))
+    (out / "accuracy.tex").write_text(to_latex(text, bold, rep.caption, rep.families))
     comm = comm_table(frame, rows, by, ratio_to, reference, rep.metric.cost_key)
-    comm.to_csv(out / "comm.csv", index=False)
-    (out / "comm.md").write_text(comm_markdown(comm, rows, ratio_to))
-    (out / "comm.tex").write_text(comm_latex(comm, rows, ratio_to))
+    with_family(comm, rows, rep.families).to_csv(out / "comm.csv", index=False)
+    (out / "comm.md").write_text(comm_markdown(comm, rows, ratio_to, rep.families))
+    (out / "comm.tex").write_text(comm_latex(comm, rows, ratio_to, rep.families))
     rep.comm, rep.comm_note = comm_sections(comm, rows, ratio_to)
     table = detection_table(frame, rows, by)
     if not table.empty:
-        table.to_csv(out / "detection.csv", index=False)
+        with_family(table, rows, rep.families).to_csv(out / "detection.csv", index=False)
         rep.detection = detection_grid(table, rows)
         about = "Noise detection: mean ± std (ddof=0) over seeds of each run's final scores"
-        (out / "detection.md").write_text(f"{about}.\n\n{to_markdown(rep.detection)}")
-        (out / "detection.tex").write_text(to_latex(rep.detection, comment=about))
+        (out / "detection.md").write_text(f"{about}.\n\n{to_markdown(rep.detection, families=rep.families)}")
+        (out / "detection.tex").write_text(to_latex(rep.detection, comment=about, families=rep.families))
     noise = noise_table(frame, rows, by)
     if len(noise):
         rep.noise = noise

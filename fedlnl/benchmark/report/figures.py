@@ -4,6 +4,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import math
 import re
 from collections.abc import Sequence
 from pathlib import Path
@@ -12,12 +13,19 @@ import numpy as np
 import pandas as pd
 
 from fedlnl.benchmark import plots
-from fedlnl.benchmark.report.cells import _canon, _complete, _fmt, _row_values, _sort_key, with_columns
+from fedlnl.benchmark.report.cells import (OTHER_FAMILY, _canon, _complete, _fmt, _row_values, _sort_key,
+                                           family_key, row_families, with_columns)
 from fedlnl.benchmark.report.loading import read_metrics
 
 log = logging.getLogger(__name__)
 
 FIGURE_MODES = ("none", "summary", "all")
+#: acc_vs_cost.png draws up to this many curves in one panel per column; more: one row of panels
+#: per method family (when the runs record families), each with at most MAX_LINES curves
+MAX_CURVES = 8
+MAX_LINES = 7
+#: drawn dashed in every panel of the grouped figure, as the common reference
+BASELINE = "fedavg"
 
 def curves(frame: pd.DataFrame, rows: str = "method", by: Sequence[str] = (), curve: str = "acc") -> dict:
     """{column label: {row value: (comm cost grid, mean accuracy in % over seeds)}} from the
@@ -192,13 +200,37 @@ def split_references(lines: dict) -> tuple[dict, dict]:
     return kept, refs
 
 
+def line_groups(names: list, families: dict | None, baseline: str | None = BASELINE) -> list[tuple[str, list]] | None:
+    """The rows of panels of acc_vs_cost.png: None (one panel per column) for at most MAX_CURVES
+    curves or without families; else [(family, curve names)] in table order, ``baseline`` left out
+    (it is drawn in every panel), a family of more than MAX_LINES curves cut into near-equal
+    consecutive parts titled "family (1/2)", "family (2/2)"."""
+    if families is None or len(names) <= MAX_CURVES:
+        return None
+    position = {row: i for i, row in enumerate(families)}  # the tables' order
+    members: dict = {}
+    for name in sorted(names, key=lambda n: position.get(n, len(position))):
+        if name != baseline:
+            members.setdefault(families.get(name, OTHER_FAMILY), []).append(name)
+    groups = []
+    for family, found in sorted(members.items(), key=lambda item: family_key(item[0])):
+        size = math.ceil(len(found) / math.ceil(len(found) / MAX_LINES))
+        parts = [found[i:i + size] for i in range(0, len(found), size)]
+        groups += [(family if len(parts) == 1 else f"{family} ({k}/{len(parts)})", part)
+                   for k, part in enumerate(parts, 1)]
+    return groups
+
+
 def _write_figures(frame: pd.DataFrame, out: Path, rows: str, by: Sequence[str], mode: str,
                    curve: str = "acc") -> None:
     lines = curves(frame, rows, by, curve)
     if lines:
         kept, refs = split_references(lines)
         what = "balanced test accuracy" if curve == "balanced_acc" else "test accuracy"
-        plots.plot_acc_vs_cost(kept, out / "acc_vs_cost.png", refs, ylabel=f"{what} (%)")
+        names = list(dict.fromkeys(n for part in kept.values() for n in part))
+        groups = line_groups(names, row_families(frame, rows))
+        plots.plot_acc_vs_cost(kept, out / "acc_vs_cost.png", refs, ylabel=f"{what} (%)", groups=groups,
+                               baseline=BASELINE if groups else None)
     else:
         log.warning("no %s in the metrics.jsonl of a complete run: no acc_vs_cost.png", curve)
     for run_dir, name, title in figure_runs(frame, rows, by, mode):

@@ -11,6 +11,7 @@ from pathlib import Path
 import pandas as pd
 
 from fedlnl.benchmark.report.cells import _fmt
+from fedlnl.benchmark.report.tables import family_headings, with_family
 
 STYLE = """
 body{font:14px/1.45 system-ui,-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:1.5em auto;max-width:1400px;
@@ -19,6 +20,7 @@ h1{font-size:1.5em}h2{font-size:1.2em;margin-top:1.8em;border-bottom:1px solid #
 table{border-collapse:collapse;margin:.6em 0;font-size:12.5px}
 th,td{border:1px solid #d0d0d0;padding:3px 7px;text-align:left;vertical-align:top}
 th{background:#f3f3f3;position:sticky;top:0}
+tr.family th{background:#e4ecf5;font-style:italic;position:static}
 td.best{font-weight:700;background:#eef6ee}
 .caption{color:#444;max-width:1100px}.wrap{overflow-x:auto}
 img{max-width:100%;border:1px solid #eee;margin:.4em 0}
@@ -32,11 +34,15 @@ def _e(text) -> str:
     return html.escape(str(text))
 
 
-def grid_html(text: pd.DataFrame, name: str, bold: pd.DataFrame | None = None, caption: str = "") -> str:
-    """A rows x columns table of cell texts; bold cells get class ``best``."""
+def grid_html(text: pd.DataFrame, name: str, bold: pd.DataFrame | None = None, caption: str = "",
+              families: dict | None = None) -> str:
+    """A rows x columns table of cell texts; bold cells get class ``best``; with ``families``
+    ({row: family}), a heading row (class ``family``) opens each family."""
     head = "".join(f"<th>{_e(c)}</th>" for c in [text.index.name or "", *text.columns])
     body = []
-    for row, values in text.iterrows():
+    for (heading, _), (row, values) in zip(family_headings(text.index, families), text.iterrows()):
+        if heading is not None:
+            body.append(f'<tr class="family"><th colspan="{len(values) + 1}">{_e(heading)}</th></tr>')
         marks = bold.loc[row] if bold is not None else [False] * len(values)
         cells = "".join(f'<td class="best">{_e(v)}</td>' if b else f"<td>{_e(v)}</td>" for v, b in zip(values, marks))
         body.append(f"<tr><th>{_e(_fmt(row))}</th>{cells}</tr>")
@@ -73,19 +79,20 @@ def write_html(rep, out: Path) -> Path:
     parts = [f"<h1>{_e(rep.title)}</h1>",
              f"<p>Metric: <b>{_e(', '.join(rep.metric.shown))}</b> (in %); costs to a target from "
              f"<code>{_e(rep.metric.cost_key)}</code>; curves from <code>{_e(rep.metric.curve)}</code>.</p>",
-             "<h2>Accuracy</h2>", grid_html(text, "accuracy", bold, rep.caption)]
+             "<h2>Accuracy</h2>", grid_html(text, "accuracy", bold, rep.caption, rep.families)]
     if rep.missing:
         parts.append("<p>Cells of the reference grid without any run:</p><ul>"
                      + "".join(f"<li>{_e(m.removeprefix('- '))}</li>" for m in rep.missing) + "</ul>")
     parts.append(_notes_html(rep))
-    parts.append("<h2>Statistics</h2>" + _stats_html(st, out, friedman_text, agreement_text))
+    parts.append("<h2>Statistics</h2>" + _stats_html(st, out, friedman_text, agreement_text, rep.families))
     parts.append("<h2>Communication</h2>")
     for title, grid in rep.comm:
-        parts.append(f"<h3>{_e(title)}</h3>" + grid_html(grid, f"comm: {title}"))
+        parts.append(f"<h3>{_e(title)}</h3>" + grid_html(grid, f"comm: {title}", families=rep.families))
     parts.append(f'<p class="caption">{_e(rep.comm_note)}</p>')
     if rep.detection is not None:
         parts.append("<h2>Noise detection</h2>" + grid_html(
-            rep.detection, "detection", caption="mean ± std (ddof=0) over seeds of each run's final scores"))
+            rep.detection, "detection", caption="mean ± std (ddof=0) over seeds of each run's final scores",
+            families=rep.families))
     if rep.noise is not None:
         parts.append("<h2>Requested vs realised noise</h2>" + frame_html(rep.noise, "noise"))
     parts.append(_figures_html(out))
@@ -105,12 +112,13 @@ def _notes_html(rep) -> str:
     return f"<h3>Notes (one per kind; open one for its full list)</h3>{items}"
 
 
-def _stats_html(st: dict, out: Path, friedman_text, agreement_text) -> str:
+def _stats_html(st: dict, out: Path, friedman_text, agreement_text, families: dict | None = None) -> str:
     fr = st["friedman"]
     parts = [f"<p>Per cell: {_e(st['test_label'])}, each method against the cell's best, Holm-corrected, "
              f"α = {st['alpha']:g}; the p-values are in accuracy.csv.</p>"]
     if fr.get("mean_rank"):
         ranks = pd.DataFrame({"method": list(fr["mean_rank"]), "mean rank": list(fr["mean_rank"].values())})
+        ranks = with_family(ranks, "method", families)
         parts.append(frame_html(ranks, "ranks", caption=f"Mean rank of {st['metric']} over {fr['n']} cell(s) "
                                                           "(1 = best)", floats="{:.2f}"))
     parts.append(f"<p>Friedman test: {_e(friedman_text(fr))}</p>")
@@ -120,7 +128,7 @@ def _stats_html(st: dict, out: Path, friedman_text, agreement_text) -> str:
     if len(wtl):
         parts.append(grid_html(wtl.rename_axis("row vs column"), "wtl",
                                caption=f"Win / tie / loss over cells (tie = not significant at α = {st['alpha']:g}, "
-                                       "uncorrected, per cell)"))
+                                       "uncorrected, per cell)", families=families))
     ag = st.get("agreement")
     if ag is not None:
         parts.append(f"<p>Agreement with the paper's ordering: {_e(agreement_text(ag))}</p>")

@@ -140,10 +140,13 @@ def ranks(means: pd.DataFrame) -> pd.DataFrame:
 def complete_block(means: pd.DataFrame, min_rows: int = 3) -> tuple[pd.DataFrame, list, list]:
     """The largest part of a rows x columns table of means without gaps, found by dropping the row
     with the most gaps while that leaves fewer than 2 complete columns: (table, dropped rows,
-    dropped columns)."""
+    dropped columns). Rows without gaps are never dropped (with a single column nothing helps)."""
     table, dropped_rows = means.copy(), []
     while len(table) > min_rows and table.notna().all(axis=0).sum() < 2:
-        worst = table.isna().sum(axis=1).idxmax()
+        gaps = table.isna().sum(axis=1)
+        if gaps.max() == 0:
+            break
+        worst = gaps.idxmax()
         dropped_rows.append(worst)
         table = table.drop(index=worst)
     full = table.columns[table.notna().all(axis=0)]

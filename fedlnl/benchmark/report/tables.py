@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from fedlnl.benchmark.report.cells import (MISSING, NOT_RUN, _canon, _cells, _complete, _fmt, _pivot,
-                                           _sort_key, _tuples, with_columns)
+from fedlnl.benchmark.report.cells import (MISSING, NOT_RUN, OTHER_FAMILY, _canon, _cells, _complete, _fmt,
+                                           _pivot, _sort_key, _tuples, with_columns)
 from fedlnl.benchmark.report import stats
 from fedlnl.benchmark.report.reference import cell_identity, paper_value, reference_row
 
@@ -134,12 +134,13 @@ def stats_caption(table: pd.DataFrame, test: stats.Test) -> str:
         return ci + "."
     compared = table[~table["is_best"].astype(bool) & (table["n"] > 0)]
     tested = compared[compared["tested"].astype(bool)]
+    bold = "Bold = best mean of the column (over all its rows)"
     if tested.empty:
-        return (f"{ci}. Bold = best mean; no {TIE_MARK} marks: {stats.NOT_ENOUGH} ({test.label}; "
+        return (f"{ci}. {bold}; no {TIE_MARK} marks: {stats.NOT_ENOUGH} ({test.label}; "
                 f"every comparison with a column's best has fewer than {test.min_n} paired seeds).")
     lo, hi = int(tested["n_pairs"].min()), int(tested["n_pairs"].max())
     n = f"n = {lo}" if lo == hi else f"n = {lo}–{hi}"
-    text = (f"{ci}. Bold = best mean of the column; {TIE_MARK} = not significantly worse than it: {test.label}, "
+    text = (f"{ci}. {bold}; {TIE_MARK} = not significantly worse than it: {test.label}, "
             f"{n} paired seeds (the seeds both completed), Holm-corrected over the column's comparisons, "
             f"α = {test.alpha:g}.")
     untested = sorted(set(compared.loc[~compared["tested"].astype(bool), "column"]), key=str)
@@ -286,16 +287,18 @@ def comm_sections(table: pd.DataFrame, rows: str, ratio_to=None) -> tuple[list[t
     return sections, note
 
 
-def comm_markdown(table: pd.DataFrame, rows: str, ratio_to=None) -> str:
+def comm_markdown(table: pd.DataFrame, rows: str, ratio_to=None, families: dict | None = None) -> str:
     """Markdown: the total-cost table, then one table per accuracy target."""
     sections, note = comm_sections(table, rows, ratio_to)
-    return "\n".join(f"### {title}\n\n{to_markdown(text)}" for title, text in sections) + "\n" + note
+    body = "\n".join(f"### {title}\n\n{to_markdown(text, families=families)}" for title, text in sections)
+    return body + "\n" + note
 
 
-def comm_latex(table: pd.DataFrame, rows: str, ratio_to=None) -> str:
+def comm_latex(table: pd.DataFrame, rows: str, ratio_to=None, families: dict | None = None) -> str:
     """The same tables as booktabs tabulars, each headed by its title as a comment."""
     sections, note = comm_sections(table, rows, ratio_to)
-    return "\n".join(to_latex(text, comment=title) for title, text in sections) + "% " + note.replace("\n", " ")
+    return ("\n".join(to_latex(text, comment=title, families=families) for title, text in sections)
+            + "% " + note.replace("\n", " "))
 
 
 def _target_label(target: str) -> str:
@@ -306,10 +309,33 @@ def _target_label(target: str) -> str:
 # ---------------------------------------------------------------- rendering
 
 
-def to_markdown(text: pd.DataFrame, bold: pd.DataFrame | None = None) -> str:
+def family_headings(index, families: dict | None):
+    """(heading, row) for every row of a grid in its order; heading = the row's family on the first
+    row of each family (the grid is ordered by family), else None. No grouping without ``families``."""
+    previous = object()
+    for row in index:
+        family = None if families is None else families.get(_canon(row), OTHER_FAMILY)
+        yield (family if family != previous else None), row
+        previous = family
+
+
+def with_family(table: pd.DataFrame, rows: str, families: dict | None) -> pd.DataFrame:
+    """A long table with a ``family`` column after the row key (unchanged without ``families``)."""
+    if families is None or rows not in table:
+        return table
+    table = table.drop(columns="family", errors="ignore")  # a copy
+    table.insert(table.columns.get_loc(rows) + 1, "family",
+                 [families.get(_canon(r), OTHER_FAMILY) for r in table[rows]])
+    return table
+
+
+def to_markdown(text: pd.DataFrame, bold: pd.DataFrame | None = None, families: dict | None = None) -> str:
+    """A Markdown table; with ``families`` ({row: family}), an italic heading row opens each family."""
     header = [str(text.index.name or ""), *map(str, text.columns)]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for row, values in text.iterrows():
+    for (heading, _), (row, values) in zip(family_headings(text.index, families), text.iterrows()):
+        if heading is not None:
+            lines.append("| " + " | ".join([f"*{heading}*", *[""] * len(values)]) + " |")
         marks = bold.loc[row] if bold is not None else [False] * len(values)
         cells = [f"**{v}**" if b else str(v) for v, b in zip(values, marks)]
         lines.append("| " + " | ".join([_fmt(row), *cells]) + " |")
@@ -325,13 +351,18 @@ def latex_escape(text: str) -> str:
     return escaped.replace("±", r"$\pm$").replace("Δ", r"$\Delta$").replace("†", r"$^\dagger$")
 
 
-def to_latex(text: pd.DataFrame, bold: pd.DataFrame | None = None, comment: str = "") -> str:
-    """A booktabs tabular (needs ``\\usepackage{booktabs}``); bold cells in ``\\textbf``."""
+def to_latex(text: pd.DataFrame, bold: pd.DataFrame | None = None, comment: str = "",
+             families: dict | None = None) -> str:
+    """A booktabs tabular (needs ``\\usepackage{booktabs}``); bold cells in ``\\textbf``; with
+    ``families``, an italic ``\\multicolumn`` heading (after a ``\\midrule``) opens each family."""
     header = [str(text.index.name or ""), *map(str, text.columns)]
     lines = [f"% {comment}" if comment else "% fedlnl-report", "% needs \\usepackage{booktabs}",
              "\\begin{tabular}{l" + "c" * len(text.columns) + "}", "\\toprule",
              " & ".join(map(latex_escape, header)) + r" \\", "\\midrule"]
-    for row, values in text.iterrows():
+    for (heading, _), (row, values) in zip(family_headings(text.index, families), text.iterrows()):
+        if heading is not None:
+            lines += ([] if lines[-1] == "\\midrule" else ["\\midrule"])
+            lines.append(f"\\multicolumn{{{len(header)}}}{{l}}{{\\textit{{{latex_escape(heading)}}}}} \\\\")
         marks = bold.loc[row] if bold is not None else [False] * len(values)
         cells = [f"\\textbf{{{latex_escape(v)}}}" if b else latex_escape(v)
                  for v, b in zip(values, marks)]

@@ -12,6 +12,7 @@ from pathlib import Path
 import pandas as pd
 
 from fedlnl.benchmark.report.cells import _canon
+from fedlnl.benchmark.report.tables import with_family
 
 log = logging.getLogger(__name__)
 MODES = ("auto", "on", "off")
@@ -101,12 +102,14 @@ def tables(rep) -> dict[str, pd.DataFrame]:
     sections, ranks, win/tie/loss, agreement, detection and noise."""
     out = {"accuracy": pd.concat(rep.tables, ignore_index=True)}
     text, _ = rep.grid
-    out["accuracy_grid"] = text.reset_index()
+    rows = text.index.name
+    out["accuracy_grid"] = with_family(text.reset_index(), rows, rep.families)
     for i, (title, grid) in enumerate(rep.comm):
-        out[f"comm_{i}"] = grid.reset_index().assign(table=title)
+        out[f"comm_{i}"] = with_family(grid.reset_index(), rows, rep.families).assign(table=title)
     fr = rep.statistics.get("friedman") or {}
     if fr.get("mean_rank"):
-        out["ranks"] = pd.DataFrame({"row": list(fr["mean_rank"]), "mean_rank": list(fr["mean_rank"].values())})
+        ranks = pd.DataFrame({"row": list(fr["mean_rank"]), "mean_rank": list(fr["mean_rank"].values())})
+        out["ranks"] = with_family(ranks, "row", rep.families)
     if rep.statistics.get("wtl"):
         out["win_tie_loss"] = pd.DataFrame(rep.statistics["wtl"])
     if (rep.statistics.get("agreement") or {}).get("cells"):

@@ -27,6 +27,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from fedlnl.methods.common.families import FAMILIES  # noqa: F401 (torch-free for the report)
+
 #: ``sample_clients`` may return ``[ALL_CLIENTS]`` to train on the pooled data of every client
 #: (the centralized references); the runner then builds one view over all training samples.
 ALL_CLIENTS = -1
@@ -42,10 +44,6 @@ def unread_key(optimizer: str) -> str | None:
     if optimizer not in OPTIMIZERS:
         return None
     return next(key for name, key in OPTIMIZERS.items() if name != optimizer)
-
-#: the method families, in the order the report shows them
-FAMILIES = ("FL baselines", "robust aggregation", "label-noise learning as local training",
-            "federated label-noise methods", "centralized references")
 
 
 #: the shared local-training settings (the ``fl`` group) a method YAML may pin per dataset
