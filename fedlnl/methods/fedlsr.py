@@ -25,8 +25,8 @@ colour data, a ±30° rotation on grayscale digits, as the code's per-dataset ch
 L_cls is the cross-entropy of the sharpened mixture (implicit regularisation), JS the Jensen-Shannon
 divergence between the two views' tempered outputs (explicit regularisation, self-distillation), L_e
 an entropy term: with γ_e > 0 (the default, as both codes) this is FedLSR+, with ``gamma_e=0`` the
-paper's FedLSR (per the author, above). γ_t = γ·t/t_w for rounds t < t_w = ``warmup_ratio``·T (T the run's rounds), then γ
-(the code's warm-up, counted in global rounds from the start of the run).
+paper's FedLSR (per the author, above). γ_t = γ·t/t_w for rounds t < t_w = ``warmup_ratio``·T (T the
+run's rounds), then γ (the code's warm-up, counted in global rounds from the start of the run).
 
 Switches (the paper's text was not available, so every default is the code's form; the inferred
 paper forms are settable, ``method.<switch>=...``):
