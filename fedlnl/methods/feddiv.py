@@ -413,7 +413,9 @@ class FedDiv:
         model = state["model"]
         engine.set_weights(model, state["global"])
         pos = torch.arange(view.size, device=view.indices.device)
-        loss = self._local_train(model, view, view.labels, lambda epoch: pos, ctx.generator("train", view.id))
+        # D15's skip is a training-phase rule (main.py:254): the warm-up trains every client on all its data
+        loss = self._local_train(model, view, view.labels, lambda epoch: pos, ctx.generator("train", view.id),
+                                 skip_small=False)
         return ClientUpdate(view.id, engine.get_weights(model), view.size, train_loss=loss)
 
     # ---------------------------------------------------------------- training phase
@@ -556,7 +558,7 @@ class FedDiv:
             loss = loss + self.eta_eff * prior_kl(logits)
         return loss
 
-    def _local_train(self, model, view, labels, select, gen):
+    def _local_train(self, model, view, labels, select, gen, skip_small=True):
         """SGD over ``local_epochs`` with one optimiser (momentum kept across epochs, as
         ``engine.local_train``) on the positions ``select(epoch)`` returns; mean batch loss, nan if
         diverged, None if no step was taken."""
@@ -565,7 +567,7 @@ class FedDiv:
         total, count = 0.0, 0
         for epoch in range(self.fl.local_epochs):
             pos = select(epoch)
-            if pos.numel() == 0 or (self.skip_small_subsets and pos.numel() <= self.fl.batch_size):
+            if pos.numel() == 0 or (skip_small and self.skip_small_subsets and pos.numel() <= self.fl.batch_size):
                 continue
             sub_y = labels[pos]
             losses = engine.epoch_loop(
