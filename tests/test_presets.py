@@ -235,7 +235,8 @@ _TINY: dict[str, dict] = {}  # config hash -> summary: presets sharing a tiny ce
 
 @pytest.mark.parametrize("name", PRESETS)
 def test_first_cell_runs_under_debug_tiny(tmp_path, name):
-    from fedlnl.benchmark.run import config_hash, run
+    from fedlnl.benchmark.run import run
+    from fedlnl.benchmark.rundir import config_hash
 
     overrides = first_cell(name)
     cfg = compose([f"paper={name}", *overrides, "debug=tiny", "logger=none", "device=cpu"])

@@ -344,6 +344,14 @@ def test_cells_never_pool_runs_that_differ_in_more_than_the_seed():
     assert report.accuracy_table(same).query("method == 'fedavg'")["n"].tolist() == [2]
 
 
+def test_cells_never_pool_runs_of_another_thread_count():
+    """The report pools what the config hash ignores, nothing more: ``threads`` is in the hash."""
+    frame = pd.DataFrame([_run("fedavg", 0, 0.8, **{"config.threads": 1, "config.seed": 0}),
+                          _run("fedavg", 1, 0.6, **{"config.threads": 2, "config.seed": 1})], dtype=object)
+    assert report.accuracy_table(frame)["n"].tolist() == [1, 1]
+    assert report.accuracy_table(frame.assign(**{"config.threads": 1}))["n"].tolist() == [2]
+
+
 def test_missing_seeds_and_effective_value_warnings(tmp_path, caplog):
     frame = pd.DataFrame([_run("fedavg", 0, 0.8, **{"effective.lr": 0.05, "effective.stage3.lr": 0.05}),
                           _run("fedavg", 1, 0.82, **{"effective.lr": 0.05, "effective.stage3.lr": 0.05}),

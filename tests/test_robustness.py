@@ -176,7 +176,7 @@ def test_truncated_checkpoint_is_moved_aside_and_the_run_starts_over(tmp_path, c
 def test_a_cell_locked_by_a_live_process_is_skipped_and_a_stale_lock_is_taken_over(tmp_path):
     import socket
 
-    from fedlnl.benchmark.run import CellLock
+    from fedlnl.benchmark.lock import CellLock
 
     run_dir = tmp_path / "cell"
     run_dir.mkdir()
@@ -330,7 +330,8 @@ def test_metrics_are_byte_identical_between_two_runs_and_timing_is_apart(tmp_pat
 
 
 def test_the_thread_count_is_part_of_the_config_hash():
-    from fedlnl.benchmark.run import NON_RESULT_KEYS, config_hash
+    from fedlnl.benchmark.rundir import config_hash
+    from fedlnl.conf.keys import NON_RESULT_KEYS
 
     one = compose_cfg(["threads=1", *TINY])
     two = compose_cfg(["threads=2", *TINY])
@@ -338,6 +339,24 @@ def test_the_thread_count_is_part_of_the_config_hash():
 
     assert "threads" not in NON_RESULT_KEYS
     assert config_hash(OmegaConf.to_container(one, resolve=True)) != config_hash(OmegaConf.to_container(two, resolve=True))
+
+
+def test_a_cell_directory_leaves_out_the_declared_keys_and_the_user_guide_lists_the_hashed_ones():
+    """One declaration (fedlnl/conf/keys.py): Hydra's ``exclude_keys`` reads it, the guide names it."""
+    import re
+
+    from hydra import compose, initialize_config_module
+
+    from fedlnl.conf.keys import CELL_DIR_EXCLUDED, NON_RESULT_KEYS
+
+    GlobalHydra.instance().clear()
+    with initialize_config_module(config_module="fedlnl.conf", version_base=None):
+        cfg = compose("config", overrides=["preset=x", "threads=1", "device=cpu", "fl.lr=0.1"], return_hydra_config=True)
+    assert list(cfg.hydra.job.config.override_dirname.exclude_keys) == list(CELL_DIR_EXCLUDED)
+    assert cfg.hydra.job.override_dirname == "fl.lr=0.1"
+    guide = (REPO / "docs" / "user-guide.md").read_text()
+    listed = re.search(r"\(`NON_RESULT_KEYS` in fedlnl/conf/keys.py\): ([^.]*)\.", guide.replace("\n", " "))
+    assert listed and re.findall(r"`(\w+)`", listed.group(1)) == list(NON_RESULT_KEYS)
 
 
 def test_online_wandb_without_a_login_says_how_to_log_in(tmp_path, monkeypatch):

@@ -29,7 +29,7 @@ from tqdm import tqdm
 from fedlnl.conf import resolvers  # noqa: F401  (registers ${fidelity:...})
 from fedlnl.benchmark import compose, preflight
 from fedlnl.benchmark.lock import CellLock, LockError
-from fedlnl.benchmark.rundir import NON_RESULT_KEYS, check_run_dir, completed, config_hash  # noqa: F401
+from fedlnl.benchmark.rundir import check_run_dir, completed, config_hash
 from fedlnl.benchmark.stop import StopRequest
 from fedlnl.benchmark.setting import setting_of
 from fedlnl.benchmark.logging import JsonlSink, Sinks, WandbSink, write_json_atomic

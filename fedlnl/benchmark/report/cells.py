@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 
 from fedlnl.benchmark.setting import EXTRAS as SETTING_EXTRAS
+from fedlnl.conf.keys import NON_RESULT_KEYS
 from fedlnl.methods.common.families import FAMILIES
 
 
@@ -130,9 +131,8 @@ def _labelled(runs: pd.DataFrame, parts: list[tuple]):
     return runs, columns, keys
 
 
-#: config keys that never change a result (bookkeeping), besides the seed
-BOOKKEEPING = ("seed", "logger", "name", "preset", "checkpoint_every", "skip_complete", "device",
-               "threads", "hydra")
+#: config keys over which a cell's runs are pooled: the seed and the keys that never change a result
+BOOKKEEPING = ("seed", *NON_RESULT_KEYS)
 
 
 def pooling_keys(runs: pd.DataFrame, rows: str) -> list[str]:
