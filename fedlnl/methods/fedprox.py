@@ -29,23 +29,18 @@ from __future__ import annotations
 import torch.nn.functional as F
 
 from fedlnl.methods.common import checks, engine
+from fedlnl.methods.fedavg import FedAvg
 
 
-class FedProx:
+class FedProx(FedAvg):
     family = "FL baselines"
 
     def __init__(self, fl, mu, prox_form, prox_skip_first):
         checks.number("mu", mu, lambda v: v >= 0, "a proximal weight μ >= 0 (0 = FedAvg)")
         checks.choice("prox_form", prox_form, engine.PROX_FORMS)
         checks.flag("prox_skip_first", prox_skip_first)
-        self.fl = fl
+        super().__init__(fl)
         self.mu, self.prox_form, self.prox_skip_first = mu, prox_form, prox_skip_first
-
-    def init(self, model, info, ctx):
-        return {"model": model, "global": engine.get_weights(model)}
-
-    def sample_clients(self, state, ctx):
-        return engine.uniform_clients(ctx.num_clients, self.fl.frac, ctx.rng("sample"))
 
     def client_update(self, state, client, ctx):
         # w_g: the global parameters received this round (state["global"] is not modified in place)
@@ -59,12 +54,3 @@ class FedProx:
 
         return engine.train_from_global(
             state, client, ctx, loss_fn=loss_fn, **self.fl.training())
-
-    def aggregate(self, state, updates, ctx):
-        state["global"] = engine.weighted_average(
-            [u.weights for u in updates], [u.num_samples for u in updates])
-        return state, {}
-
-    def eval_model(self, state):
-        engine.set_weights(state["model"], state["global"])
-        return state["model"]

@@ -103,6 +103,7 @@ import torch.nn.functional as F
 
 from fedlnl.methods.common import checks, engine
 from fedlnl.methods.common.protocol import ClientUpdate, UpdatePlan, local_steps
+from fedlnl.methods.fedavg import FedAvg
 
 #: ``forget_rate`` value meaning "the federation's nominal noise rate" (``FederationInfo.noise_rate``)
 NOISE = "noise"
@@ -155,7 +156,7 @@ def aggregate_centroids(f_global: torch.Tensor, f_locals: list[torch.Tensor]) ->
     return torch.where(ok[:, None], num / torch.where(ok, den, torch.ones_like(den))[:, None], f_global)
 
 
-class RoFL:
+class RoFL(FedAvg):
     family = "federated label-noise methods"
 
     def __init__(self, fl, T_pl, forget_rate, num_gradual, lambda_cen, lambda_e, detach_cen, weighted_avg,
@@ -171,7 +172,7 @@ class RoFL:
             checks.number(key, val, lambda v: v >= 0, "a weight >= 0")
         for key, v in (("detach_cen", detach_cen), ("weighted_avg", weighted_avg), ("pl_augment", pl_augment)):
             checks.flag(key, v)
-        self.fl = fl
+        super().__init__(fl)
         self.T_pl, self.forget_rate, self.num_gradual = T_pl, forget_rate, num_gradual
         self.lambda_cen, self.lambda_e = lambda_cen, lambda_e
         self.detach_cen, self.weighted_avg, self.pl_augment = detach_cen, weighted_avg, pl_augment
@@ -200,9 +201,6 @@ class RoFL:
         centroids = torch.zeros(info.num_classes, model.feature_dim)  # the features' dtype: float32
         return UpdatePlan(local_steps(info.client_sizes[k], self.fl.local_epochs, self.fl.batch_size),
                           payload=engine.payload_bytes({"centroids": centroids}))
-
-    def sample_clients(self, state, ctx):
-        return engine.uniform_clients(ctx.num_clients, self.fl.frac, ctx.rng("sample"))
 
     def forget_rate_at(self, t: int, rate: float) -> float:
         """r_t: linear from 0 to ``rate`` (the final forget rate) over the first ``num_gradual`` rounds."""
@@ -265,7 +263,3 @@ class RoFL:
         agree = sum(u.metrics["agree"] for u in updates)
         return state, {"rofl_agree": agree / kept if kept else float("nan"),
                        "rofl_forget_rate": self.forget_rate_at(ctx.round - state["start"], state["forget_rate"])}
-
-    def eval_model(self, state):
-        engine.set_weights(state["model"], state["global"])
-        return state["model"]

@@ -440,10 +440,14 @@ def payload_bytes(obj) -> int:
 
 
 # ------------------------------------------------------------------------------- sampling
+def cohort_size(frac: float, num_clients: int) -> int:
+    """m = max(⌊frac·N⌋, 1): the clients a round trains (``fl.frac`` of the N clients, at least one)."""
+    return max(int(frac * num_clients), 1)
+
+
 def uniform_clients(num_clients: int, frac: float, rng: np.random.Generator) -> list[int]:
-    """m = max(⌊frac·N⌋, 1) clients uniformly without replacement (sorted)."""
-    m = max(int(frac * num_clients), 1)
-    return sorted(rng.choice(num_clients, size=m, replace=False).tolist())
+    """m = :func:`cohort_size` clients uniformly without replacement (sorted)."""
+    return sorted(rng.choice(num_clients, size=cohort_size(frac, num_clients), replace=False).tolist())
 
 
 # ------------------------------------------------------------------------------- robust aggregation
