@@ -55,7 +55,7 @@ Then the reference runs ⌊1/γ⌋ sub-rounds of ⌊γN⌋ draws (a client may t
 another not at all in that iteration: its LID adds 0 and its loss memory is the last one it made);
 the paper setting runs ⌈N/m⌉ sub-rounds over one permutation (m = ⌊γN⌋, the last possibly smaller).
 Both agree whenever m divides N, as in every paper setting.
-Added by issue 13 (reference behaviours that had no switch):
+Reference behaviours with a switch of their own:
 
 | switch | paper (default) | reference | |
 |---|---|---|---|

@@ -31,9 +31,8 @@ Algorithm (runner rounds; N clients, m = max(⌊ω·N⌋, 1) per training round)
   It lives on [0, 1]: the reference feeds it min-max-scaled losses (D5). With raw losses (paper,
   ``normalize_losses: false``) a client applies it mapped onto its own loss range
   (``on_loss_scale``: μ → lo + μ(hi − lo), σ² → σ²(hi − lo)²), which gives exactly the posteriors
-  the [0, 1] filter gives the scaled losses; before this fix (issue 13) raw losses reached a
-  [0, 1] filter and the first round's split depended on the seed (some seeds flagged nearly every
-  sample). Once a filter has been aggregated from local fits it is on the raw scale already.
+  the [0, 1] filter gives the scaled losses (a [0, 1] filter applied to raw losses would make the
+  first round's split depend on the seed: some seeds flag nearly every sample). Once a filter has been aggregated from local fits it is on the raw scale already.
 
 Stage lengths and communication cost
 - ``fl.rounds`` is the FedAvg-equivalent budget (handed to ``total_rounds``). Unless ``training_rounds`` sets 𝒯,

@@ -7,14 +7,14 @@ Implementation notes
 - Fidelity switch ``prox_form`` / ``prox_skip_first``: FedCorr's code most likely ran FedProx through
   its own local update with β = 1 (methods.md Q24, inferred), i.e. μ·‖w − w_g‖ (not squared, no ½)
   skipped on the first batch of every epoch. ``fidelity=reference`` selects that behaviour.
-- What the reference reading does (issue 13): the gradient of μ·‖w − w_g‖ is μ·(w − w_g)/‖w − w_g‖,
+- What the reference reading does: the gradient of μ·‖w − w_g‖ is μ·(w − w_g)/‖w − w_g‖,
   a pull of constant length μ = 1 however close w is to w_g (the first-batch skip exists because it
   is undefined at w = w_g). Wherever the cross-entropy gradient is shorter than μ, the step back
   cancels the step forward and the local model orbits w_g. Measured (fresh LeNet-5, 500 CIFAR-10
   JPEG samples, batch 10, lr 0.01, momentum 0.5, 5 epochs = 250 steps): ‖∇CE‖ has median 0.64 and
   is below 1 in 86 % of steps; after 250 steps ‖w − w_g‖ = 0.51 without the term and 0.006 with
   it, so every round sends back w_g and the global model stays at chance (10.5 % through 60 rounds
-  in issue 13's 100-client run; FedAvg 50 %). Reduced
+  of a 100-client run; FedAvg 50 %). Reduced
   run (100 clients, frac 0.1, (0.6, 0.5), E = 5, lr 0.01, LeNet-5): 10.5–10.6 % in all 10 rounds
   with the reference reading, FedAvg 26 % by round 3. ResNet-18 is not affected the same way: in
   the same probe (50 steps) its ‖∇CE‖ has median 18 and is never below 1, and the term only shortens

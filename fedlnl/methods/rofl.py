@@ -56,7 +56,7 @@ Fidelity switches (paper = RoFL as described; reference = the jangsoohyuk code F
   features and centroids, ‖ẑ_i − f̂_k[y_i]‖² = 2 − 2 cos(z_i, f_k[y_i]) — the cosine geometry in
   which RoFL matches samples to centroids (ỹ_i), updates them (s_c) and aggregates them; false =
   raw squared distances of the penultimate features, as the code computes them (reference; there
-  it is detached and harmless). Decision (issue 13): a live L_cen on the raw scale with the code's
+  it is detached and harmless). Decision: a live L_cen on the raw scale with the code's
   λ_cen = 1 on a batch *sum* pulls every feature towards centroids that start as near-identical
   class means of an untrained network; the distances (tens per sample for 256-d ReLU features)
   dwarf L_c and training collapses even without noise. The raw reading stays reachable as
@@ -70,7 +70,7 @@ Fidelity switches (paper = RoFL as described; reference = the jangsoohyuk code F
 - ``forget_rate``: ``noise`` (paper) = the noise rate, as the RoFL paper sets it (R3; the
   reference's defaults noise_rate = forget_rate = 0.2 agree); 0.2 (reference) = the code's fixed
   value, which FedCorr kept for every noise setting. A number is accepted in either mode.
-  Decision (issue 13): paper mode follows the paper. On clean data the fixed 0.2 dropped a fifth of
+  Decision: paper mode follows the paper. On clean data the fixed 0.2 dropped a fifth of
   every clean batch for nothing; at (0, 0) the paper reading drops none. Measured on the quickstart
   setting (best accuracy, seeds 0 / 1, mean; "before" = forget rate 0.2 with the (t+1)/T_pl ramp):
 

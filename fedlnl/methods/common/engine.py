@@ -5,7 +5,7 @@ float, augmented on the whole batch at once (random crop with zero padding, hori
 normalised. One working model is trained per client by loading the global weights into it, so no
 per-client deep copy of the network is made.
 
-Speed notes (issue 10):
+Speed notes:
 - Evaluation reads a test set normalised once per run (``TensorData.plain``) under inference mode;
   scoring passes over client data normalise per chunk (a cache of 50k CIFAR images in float would
   cost 614 MB for a pass that is a small share of a run).
@@ -216,8 +216,8 @@ def train_steps(model: nn.Module, opt: torch.optim.Optimizer, gen: torch.Generat
     the device and are read once at the end. Divergence (a non-finite loss) is thus seen after the
     pass; the model (weights and buffers), the optimiser state and ``gen`` are then restored and the
     pass replayed with the per-step check (``sgd_step``), which stops before stepping on the first
-    non-finite loss and returns the losses up to it, as the loops always did: the same weights, the
-    same numbers. ``losses()`` must therefore be repeatable from ``gen`` alone (every loss function
+    non-finite loss and returns the losses up to and including it: the weights and losses of a pass
+    that checked every step. ``losses()`` must therefore be repeatable from ``gen`` alone (every loss function
     here is; one that keeps state across batches outside ``gen`` would see its state advanced twice).
     """
     start = (get_weights(model), copy.deepcopy(opt.state_dict()), gen.get_state())
@@ -282,7 +282,7 @@ def local_train(
     if values and not math.isfinite(values[-1]):
         return float("nan")
     total = 0.0
-    for v in values:  # summed in order in float64, as the per-step loop did
+    for v in values:  # Python floats summed in order (np.mean's pairwise sum can differ in the last bit)
         total += v
     return total / max(len(values), 1)
 
