@@ -38,7 +38,7 @@ from torch.utils.data import DataLoader, Dataset
 from torchvision import transforms
 
 from fedlnl.benchmark import preflight
-from fedlnl.benchmark.run import Runner
+from fedlnl.benchmark.runner import Runner
 from fedlnl.methods.common import lnl
 from fedlnl.models.lenet import LeNet
 

@@ -244,7 +244,7 @@ def test_a_resumed_run_continues_its_own_wandb_run(tmp_path, monkeypatch):
     """Offline, a run killed after its checkpoint and resumed leaves one W&B run with every round:
     the earlier attempt's folder is replaced, the rounds up to the checkpoint are logged again."""
     pytest.importorskip("wandb")
-    from fedlnl.benchmark import run as runmod
+    from fedlnl.benchmark import runner as runmod
 
     monkeypatch.setenv("WANDB_MODE", "offline")
     cfg = compose_cfg(["method=fedavg", *TINY, "logger=wandb", "logger.mode=offline", "fl.rounds=4",
@@ -279,7 +279,7 @@ def test_online_wandb_without_a_server_falls_back_to_offline(tmp_path, monkeypat
     monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "wandb-config"))  # no settings file of this machine
     monkeypatch.setenv("WANDB_BASE_URL", "http://127.0.0.1:9")  # the discard port: nothing listens
     cfg = compose_cfg(["method=fedavg", *TINY, "logger=wandb", "logger.mode=online", "fl.rounds=2"])
-    from fedlnl.benchmark.run import run
+    from fedlnl.benchmark.runner import run
 
     with caplog.at_level(logging.WARNING, logger="fedlnl"):
         s = run(cfg, tmp_path, "fedavg")
@@ -290,7 +290,7 @@ def test_online_wandb_without_a_server_falls_back_to_offline(tmp_path, monkeypat
 
 
 def test_a_failure_after_training_started_keeps_metrics_and_says_why(tmp_path, monkeypatch):
-    from fedlnl.benchmark import run as runmod
+    from fedlnl.benchmark import runner as runmod
 
     real = runmod.Runner.evaluate
 
@@ -589,7 +589,7 @@ def test_a_damaged_cifarn_file_stops_the_run_before_training(tmp_path, shared_da
 
 # ------------------------------------------------------------------------- the disk
 def test_a_full_disk_is_one_line_and_leaves_no_temporary_file(tmp_path, monkeypatch):
-    from fedlnl.benchmark import run as runmod
+    from fedlnl.benchmark import runner as runmod
 
     def full(obj, path, *a, **k):
         Path(path).write_bytes(b"PK\x03\x04 half")  # what torch leaves when the write fails

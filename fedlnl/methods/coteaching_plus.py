@@ -58,7 +58,7 @@ class CoteachingPlus(FedAvg):
         self.noise_rate_key = "forget_rate" if forget_rate == lnl.NOISE else None  # preflight checks it is known
 
     def init(self, model, info, ctx):
-        state = pair.init(model, engine._child_seed(ctx.generator("init", "net2")), self.second_init)
+        state = pair.init(model, engine.child_seed(ctx.generator("init", "net2")), self.second_init)
         state["tau"] = lnl.rate_value("forget_rate", self.forget_rate, info)
         return state
 

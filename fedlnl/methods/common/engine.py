@@ -150,12 +150,12 @@ def optimizer(model: nn.Module, optim: Optim) -> torch.optim.Optimizer:
 
 def mixup(x: torch.Tensor, y: torch.Tensor, alpha: float, gen: torch.Generator):
     """Mixup (Zhang et al. 2018): x~ = λx + (1−λ)x[perm], one λ ~ Beta(α, α) per batch."""
-    lam = float(np.random.default_rng(_child_seed(gen)).beta(alpha, alpha))
+    lam = float(np.random.default_rng(child_seed(gen)).beta(alpha, alpha))
     perm = torch.randperm(x.shape[0], generator=gen).to(x.device)
     return lam * x + (1.0 - lam) * x[perm], y, y[perm], lam
 
 
-def _child_seed(gen: torch.Generator) -> int:
+def child_seed(gen: torch.Generator) -> int:
     """A seed drawn from ``gen``, to feed a numpy sampler torch lacks a generator-aware form of."""
     return int(torch.randint(0, 2**62, (1,), generator=gen))
 
