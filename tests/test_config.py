@@ -180,6 +180,16 @@ CHANGED = {
         "experiment=quickstart", "paper=fedcorr_t2", "paper=fedcorr_t3", "paper=fedcorr_t4", "paper=fedcorr_t5",
         "paper=fedcorr_t9", "paper=fedcorr_t11", "paper=fedcorr_t12", "paper=fedcorr_t13", "paper=feddiv_t1",
         "paper=feddiv_t2", "paper=feddiv_t3", "paper=feddiv_t4")},
+    # FedDiv: where the paper is silent the default is the official code's behaviour in both
+    # fidelities (methods.md §3.6 D5, D6, D14, D15; docs/feddiv_official.md: raw losses made the
+    # filter flag nearly every sample)
+    **{(preset, "feddiv", key): (False, True) for key in (
+        "normalize_losses", "augment_passes", "unmixed_forward", "skip_small_subsets") for preset in (
+        "experiment=quickstart", "paper=feddiv_t1", "paper=feddiv_t2", "paper=feddiv_t3", "paper=feddiv_t4",
+        "paper=feddiv_t5")},
+    # FedDiv's digits warm-up: the paper's CIFAR-10 value 𝒯_wu = 5 (supp. Table 7) instead of 2; with 2
+    # the quickstart's FedDiv ended 5 points below FedAvg on clean digits (docs/feddiv_official.md)
+    ("experiment=quickstart", "feddiv", "warmup_iterations"): (2, 5),
 }
 
 

@@ -1,0 +1,94 @@
+"""fedlnl-run with extra FedDiv statistics in metrics.jsonl (scratch instrumentation, oracle-based):
+per round the share of samples the global filter flags, among samples whose current label is right
+(x_flag_correct) and wrong (x_flag_wrong), the mean raw / normalised global-model loss of right and
+wrong labels, the local filters' fitted means, and the global filter's variances and weights.
+Usage: python suite_driver.py <fedlnl-run overrides>
+"""
+import numpy as np
+import torch
+
+from fedlnl.benchmark import run as R
+from fedlnl.methods import feddiv as fd
+
+G = {}
+_prepare = R.Runner.prepare
+
+
+def prepare(self):
+    _prepare(self)
+    G["clean"] = self.fed.oracle.clean_labels.clone()
+
+
+R.Runner.prepare = prepare
+_client = fd.FedDiv._training_client
+
+
+def training_client(self, state, view, ctx):
+    G["view"] = view
+    return _client(self, state, view, ctx)
+
+
+_split = fd.FedDiv._split
+
+
+def split(self, state, cs, loss, ctx, k):
+    filt, clean, delta = _split(self, state, cs, loss, ctx, k)
+    v = G["view"]
+    right = (v.labels.cpu() == G["clean"][v.indices.cpu()]).numpy()
+    flagged = ~clean.cpu().numpy()
+    x = loss.detach().double().cpu().numpy()
+    nx = fd.minmax(x)
+    acc = state.setdefault("_x", [])
+    acc.append(dict(n=len(x), right=int(right.sum()), flag_right=int((flagged & right).sum()),
+                    flag_wrong=int((flagged & ~right).sum()),
+                    loss_right=float(x[right].mean()) if right.any() else np.nan,
+                    loss_wrong=float(x[~right].mean()) if (~right).any() else np.nan,
+                    nloss_right=float(nx[right].mean()) if right.any() else np.nan,
+                    nloss_wrong=float(nx[~right].mean()) if (~right).any() else np.nan))
+    return filt, clean, delta
+
+
+_after = fd.FedDiv._after_training
+
+
+def after_training(self, model, view, cs, filt, labels, ctx):
+    local = _after(self, model, view, cs, filt, labels, ctx)
+    lo = int(np.argmin(local["means"]))
+    G.setdefault("local", []).append((float(local["means"][lo]), float(local["means"][1 - lo])))
+    return local
+
+
+_report = fd.FedDiv._report
+
+
+def report(self, state, ctx):
+    out = _report(self, state, ctx)
+    xs = state.pop("_x", [])
+    s = lambda key: sum(c[key] for c in xs)  # noqa: E731
+    n, right = s("n"), s("right")
+    out.update(x_flag_share=(s("flag_right") + s("flag_wrong")) / n,
+               x_flag_correct=s("flag_right") / max(right, 1), x_flag_wrong=s("flag_wrong") / max(n - right, 1),
+               x_loss_right=float(np.nanmean([c["loss_right"] for c in xs])),
+               x_loss_wrong=float(np.nanmean([c["loss_wrong"] for c in xs])) if n > right else 0.0,
+               x_nloss_right=float(np.nanmean([c["nloss_right"] for c in xs])),
+               x_nloss_wrong=float(np.nanmean([c["nloss_wrong"] for c in xs])) if n > right else 0.0)
+    loc = G.pop("local", [])
+    if loc:
+        out.update(x_local_mu_clean=float(np.mean([a for a, _ in loc])),
+                   x_local_mu_noisy=float(np.mean([b for _, b in loc])))
+    f = state.get("filter")
+    if f is not None and not self.local_filter:
+        lo = int(np.argmin(f["means"]))
+        out.update(x_var_clean=float(f["variances"][lo]), x_var_noisy=float(f["variances"][1 - lo]),
+                   x_pi_clean=float(f["weights"][lo]))
+    return out
+
+
+fd.FedDiv._training_client = training_client
+fd.FedDiv._split = split
+fd.FedDiv._after_training = after_training
+fd.FedDiv._report = report
+
+if __name__ == "__main__":
+    torch.set_num_threads(1)
+    R.main()
