@@ -27,26 +27,15 @@ from omegaconf.errors import OmegaConfBaseException
 from fedlnl.benchmark import compose
 from fedlnl.benchmark.device import seeded_init
 from fedlnl.benchmark.validate import ConfigError, check_fl, validate
+from fedlnl.datasets import DataError, DatasetUnavailable
 from fedlnl.methods.common.protocol import FederationInfo
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 log = logging.getLogger("fedlnl")
 
-#: errors of the data layer that carry a sentence for the user (missing files, bad folders, ...)
-DATA_ERRORS: tuple[type[BaseException], ...] = (FileNotFoundError,)
-try:
-    from fedlnl.datasets.sources import DatasetUnavailable
-
-    DATA_ERRORS += (DatasetUnavailable,)
-except ImportError:  # pragma: no cover
-    pass
-try:
-    from fedlnl.datasets import DataError  # type: ignore[attr-defined]
-
-    DATA_ERRORS += (DataError,)
-except ImportError:
-    pass
-DATA_ERRORS += (ValueError,)  # partition/noise settings the data cannot satisfy
+#: errors of the data layer that carry a sentence for the user (missing files, bad folders, ...), and
+#: ValueError: partition/noise settings the data cannot satisfy
+DATA_ERRORS: tuple[type[BaseException], ...] = (FileNotFoundError, DatasetUnavailable, DataError, ValueError)
 
 
 def first_line(err: BaseException) -> str:
