@@ -10,7 +10,7 @@ import sys
 
 import numpy as np
 
-L, SW = (sys.argv[1], sys.argv[2]) if len(sys.argv) > 2 else (None, None)
+L, SW = (sys.argv[1:3] + [None, None])[:2]  # None: print the usage
 
 
 def official(path):
@@ -164,8 +164,8 @@ def figure(out):
 
 
 if __name__ == "__main__":
-    if L is None:
-        sys.exit(__doc__)
+    if L is None or L in ("-h", "--help"):
+        sys.exit(print("usage: " + __doc__.split("Usage: ", 1)[1]))
     collect(default_specs)
     print(table())
     if len(sys.argv) > 3:

@@ -90,5 +90,9 @@ fd.FedDiv._after_training = after_training
 fd.FedDiv._report = report
 
 if __name__ == "__main__":
+    import sys
+
+    if sys.argv[1:2] in (["-h"], ["--help"]):
+        sys.exit(print("usage: python suite_driver.py <fedlnl-run overrides>\n\n" + __doc__))
     torch.set_num_threads(1)
     R.main()

@@ -6,10 +6,11 @@ code in FNBench (https://github.com/Sprinter1999/FNBench at 9cec427). Facts, hyp
 divergences: methods.md §22.3.
 
 Sources checked: both codes were read in those commits; of the paper only the abstract and
-third-party summaries were available as text (two stages; GMM on class-wise losses; a learnable
-label distribution y^d updated by back-propagation; local objective L = L_c + α·L_comp + β·L_e;
-distance-aware aggregation), so equations are not cited by number and the paper column of the
-switches is inferred, as for FedNoRo, whose stage 1 FedELC shares (methods.md §18).
+third-party summaries were reachable as text (methods.md §22 lists the addresses): two stages; GMM
+on class-wise losses; a learnable label distribution y^d updated by back-propagation; local
+objective L = L_c + α·L_comp + β·L_e; distance-aware aggregation. So no equation is cited by number
+and the paper column of the switches is inferred, as for FedNoRo, whose stage 1 FedELC shares
+(methods.md §18).
 
 Two stages within the budget ``fl.rounds``; m = max(⌊frac·N⌋, 1) clients per round.
 

@@ -5,9 +5,13 @@ at commit 7e3b875 (``FedLSR.ipynb``, ``Client.train``); the authors' adaptation 
 Facts, hyperparameters and divergences: methods.md §22.1.
 
 Sources checked: both codes were read in those commits, and the authors' CIKM slides (in the
-repository, ``paper/``). The paper's method section was not available as text, so its equations are
-not cited by number; the "paper" column of the switches below is the plain reading of the slides'
-description (methods.md §22.1): inferred, not read.
+repository, ``paper/``). The paper's method section could not be read (only the opening of its LaTeX
+source and the abstract were reachable; methods.md §22 lists the addresses), so no equation is cited
+by number; the "paper" column of the switches below is the plain reading of the slides' description
+(methods.md §22.1): inferred, not read. The author's own statements
+(https://github.com/Sprinter1999/FedLSR/issues/1 and /issues/2, and the README from 2022-10 to
+2024-03): the paper's method, FedLSR, is L_cls + γ_t·JS; the entropy term L_e makes FedLSR+, given in
+the paper's discussion section; 1/T_d = 3 is an empirical value the paper does not state.
 
 FedAvg (n_k-weighted) whose clients train with a local self-regularisation. Per mini-batch (x, y),
 with x̃ a mildly augmented second view of x (``common.views.mild_view``: flip + colour distortion on
@@ -20,8 +24,9 @@ colour data, a ±30° rotation on grayscale digits, as the code's per-dataset ch
 
 L_cls is the cross-entropy of the sharpened mixture (implicit regularisation), JS the Jensen-Shannon
 divergence between the two views' tempered outputs (explicit regularisation, self-distillation), L_e
-an entropy term. γ_t = γ·t/t_w for rounds t < t_w = ``warmup_ratio``·T (T the run's rounds), then γ
-(the code's warm-up, counted in global rounds from the start of the run).
+an entropy term: with γ_e > 0 (the default, as both codes) this is FedLSR+, with ``gamma_e=0`` the
+paper's FedLSR (per the author, above). γ_t = γ·t/t_w for rounds t < t_w = ``warmup_ratio``·T (T the
+run's rounds), then γ (the code's warm-up, counted in global rounds from the start of the run).
 
 Switches (the paper's text was not available, so every default is the code's form; the inferred
 paper forms are settable, ``method.<switch>=...``):
@@ -40,7 +45,8 @@ Implementation notes and deviations (methods.md §22.1)
   FNBench's lr 0.01 / weight decay 5e-4 are not pinned. Mixed precision (``autocast``) is not used.
 - The first view x is the runner's training batch (crop + flip where the dataset defines it), as the
   codes' loaders apply the dataset's training transform before the extra view.
-- γ_e: the official notebook's λ_e = 0.6 (FNBench's ``gamma_e`` default is 0.3).
+- γ_e: the official notebook's λ_e = 0.6 (FNBench's ``gamma_e`` default is 0.3); which of FedLSR
+  (γ_e = 0) and FedLSR+ produced the paper's tables is not known.
 - The colour jitter's four operations run in a fixed order (torchvision permutes them per call).
 - ω is drawn from the batch's generator (the codes use numpy's global generator).
 """
@@ -73,7 +79,8 @@ def cls_loss(p_s: torch.Tensor, labels: torch.Tensor, form: str) -> torch.Tensor
 
 
 def tempered(logits: torch.Tensor, inv_T_d: float) -> torch.Tensor:
-    """q = clamp(softmax(logits / T_d), 1e-6, 1) (the codes' clamp, "for training stability")."""
+    """q = clamp(softmax(logits / T_d), 1e-6, 1) (the codes' clamp, "for training stability").
+    T_d = 1/3 is the codes' value; the paper gives none (the author calls it empirical)."""
     return (logits * inv_T_d).softmax(1).clamp(1e-6, 1.0)
 
 
@@ -91,7 +98,8 @@ def entropy(p: torch.Tensor) -> torch.Tensor:
 
 
 def entropy_term(q1: torch.Tensor, q2: torch.Tensor, form: str) -> torch.Tensor:
-    """L_e: ½[H(q1) + H(q2)] (``views``) or the code's H(softmax(q1)) (``code``)."""
+    """L_e: ½[H(q1) + H(q2)] (``views``) or the code's H(softmax(q1)) (``code``); the FedLSR+ term
+    (the paper's discussion section, per the author), weighted by γ_e."""
     if form == "views":
         return 0.5 * (entropy(q1) + entropy(q2))
     return entropy(q1.softmax(1))

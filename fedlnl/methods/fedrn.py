@@ -5,7 +5,8 @@ Learning", CIKM 2022 (arXiv 2205.01310). Official code: https://github.com/Elvin
 Facts, hyperparameters and divergences: methods.md §22.2.
 
 Sources checked: both codes were read in those commits; of the paper only the abstract and the
-introduction were available as text, so equations are not cited by number (methods.md §22.2).
+opening of the introduction were reachable as text (methods.md §22 lists the addresses), so no
+equation is cited by number and the "paper" column below is inferred (methods.md §22.2).
 
 FedAvg (n_k-weighted) in two phases within the budget ``fl.rounds`` = T:
 1. **Warm-up** (rounds t < ⌊``warmup_ratio``·T⌋; both codes: 20 %): plain local training. Every
