@@ -1,4 +1,4 @@
-"""The FedCorr workload of the papers, timed three ways in one process (issue 10).
+"""The FedCorr workload of the papers, timed three ways in one process.
 
 LeNet-5, 100 IID clients on the CIFAR-10 JPEG copy, symmetric noise (rho, tau) = (0.6, 0.5),
 T1 = T2 = T3 = 1, one local epoch, batch 10, lr 0.03, momentum 0.5, ``fidelity=reference`` (mixup in
@@ -38,7 +38,7 @@ from torch.utils.data import DataLoader, Dataset
 from torchvision import transforms
 
 from fedlnl.benchmark import preflight
-from fedlnl.benchmark.run import Runner
+from fedlnl.benchmark.runner import Runner
 from fedlnl.methods.common import lnl
 from fedlnl.models.lenet import LeNet
 

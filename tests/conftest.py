@@ -53,7 +53,7 @@ def method_names() -> list[str]:
 
 
 def run_tiny(tmp_path: Path, overrides: list[str], method: str = "fedavg") -> dict:
-    from fedlnl.benchmark.run import run
+    from fedlnl.benchmark.runner import run
 
     cfg = compose_cfg([f"method={method}", "debug=tiny", "logger=none", "device=cpu", *overrides])
     return run(cfg, tmp_path, method)

@@ -207,7 +207,7 @@ def test_fedelc_detects_the_noisy_clients_by_their_class_losses():
 
 def test_fedelc_labels_persist_across_rounds_and_flag_disagreements(tmp_path):
     """One noisy client trained twice: its label vectors start where the first round left them."""
-    from fedlnl.benchmark.run import Runner
+    from fedlnl.benchmark.runner import Runner
     from fedlnl.methods.common.protocol import RoundContext
 
     cfg = compose_cfg(["method=fedelc", "debug=tiny", "logger=none", "device=cpu"])

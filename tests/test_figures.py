@@ -7,7 +7,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fedlnl.benchmark import plots, report
+from fedlnl.benchmark import report
+from fedlnl.benchmark.report import plots
 
 N, M = 20, 10
 FIGURES = ("curve", "lid_gmm", "lid_iterations", "noise_estimation", "noise_realised", "partition", "confusion")

@@ -17,7 +17,7 @@ from hydra.types import RunMode
 from omegaconf import open_dict
 
 from conftest import REPO
-from fedlnl.benchmark import run as runmod
+from fedlnl.benchmark import device
 
 
 def hydra_cfg(*overrides: str):
@@ -53,7 +53,7 @@ def as_job(num: int | None) -> None:
 
 def auto_device(num: int | None) -> str:
     as_job(num)
-    return str(runmod.resolve_device("auto"))
+    return str(device.resolve_device("auto"))
 
 
 @pytest.mark.parametrize("count", [2, 3, 4, 8])
@@ -74,7 +74,7 @@ def test_one_gpu_a_single_run_or_none(gpus, count, num):
     chosen = gpus(count)
     assert auto_device(num) == ("cpu" if count == 0 else "cuda")  # e.g. a SLURM task's one GPU
     assert chosen == []
-    assert str(runmod.resolve_device("cpu")) == "cpu"
+    assert str(device.resolve_device("cpu")) == "cpu"
 
 
 # ------------------------------------------------------------------------------------------- SLURM

@@ -19,7 +19,7 @@ def test_method_runs_end_to_end_as_planned_and_resumes_mid_run(tmp_path, monkeyp
     local steps, uploaded bytes: equal where the plan is exact, within it where it is a bound); and,
     interrupted in the middle (the time-based checkpoint after every round), resumed to exactly the
     same metrics."""
-    from fedlnl.benchmark import run as runmod
+    from fedlnl.benchmark import runner as runmod
     from fedlnl.benchmark.plan import compare, plan_config
 
     extra = [*NOISY, "checkpoint_minutes=1e-9"]  # a checkpoint after every round: resume from any round

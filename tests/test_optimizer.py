@@ -12,7 +12,7 @@ import torch
 from omegaconf import OmegaConf
 
 from conftest import build_method, compose_cfg, method_names, run_tiny
-from fedlnl.benchmark.run import config_hash
+from fedlnl.benchmark.rundir import config_hash
 from fedlnl.benchmark.validate import ConfigError
 from fedlnl.methods.common import engine
 from fedlnl.methods.common.protocol import Optim

@@ -235,7 +235,8 @@ _TINY: dict[str, dict] = {}  # config hash -> summary: presets sharing a tiny ce
 
 @pytest.mark.parametrize("name", PRESETS)
 def test_first_cell_runs_under_debug_tiny(tmp_path, name):
-    from fedlnl.benchmark.run import config_hash, run
+    from fedlnl.benchmark.runner import run
+    from fedlnl.benchmark.rundir import config_hash
 
     overrides = first_cell(name)
     cfg = compose([f"paper={name}", *overrides, "debug=tiny", "logger=none", "device=cpu"])
@@ -251,7 +252,7 @@ def test_first_cell_runs_under_debug_tiny(tmp_path, name):
 
 # ------------------------------------------------------------------------------- ablations at tiny size
 def _ablation_runs(tmp_path, preset: str, extra: list[str]) -> dict[str, str]:
-    from fedlnl.benchmark.run import run
+    from fedlnl.benchmark.runner import run
 
     out = {}
     for option in [str(o) for o in sweep(preset)["ablation"]]:

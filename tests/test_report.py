@@ -344,6 +344,14 @@ def test_cells_never_pool_runs_that_differ_in_more_than_the_seed():
     assert report.accuracy_table(same).query("method == 'fedavg'")["n"].tolist() == [2]
 
 
+def test_cells_never_pool_runs_of_another_thread_count():
+    """The report pools what the config hash ignores, nothing more: ``threads`` is in the hash."""
+    frame = pd.DataFrame([_run("fedavg", 0, 0.8, **{"config.threads": 1, "config.seed": 0}),
+                          _run("fedavg", 1, 0.6, **{"config.threads": 2, "config.seed": 1})], dtype=object)
+    assert report.accuracy_table(frame)["n"].tolist() == [1, 1]
+    assert report.accuracy_table(frame.assign(**{"config.threads": 1}))["n"].tolist() == [2]
+
+
 def test_missing_seeds_and_effective_value_warnings(tmp_path, caplog):
     frame = pd.DataFrame([_run("fedavg", 0, 0.8, **{"effective.lr": 0.05, "effective.stage3.lr": 0.05}),
                           _run("fedavg", 1, 0.82, **{"effective.lr": 0.05, "effective.stage3.lr": 0.05}),
@@ -390,7 +398,7 @@ def test_report_imports_neither_the_runner_nor_torch_and_ships_the_paper_numbers
     import sys
 
     code = ("import sys, fedlnl.benchmark.report as r; "
-            "print('torch' in sys.modules, 'fedlnl.benchmark.run' in sys.modules, "
+            "print('torch' in sys.modules, any(m in sys.modules for m in ('fedlnl.benchmark.run', 'fedlnl.benchmark.runner')), "
             "r.reference.packaged_reference('fedcorr_t2') is not None, "
             "*sorted(m for m in sys.modules if m.startswith('fedlnl.methods')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout

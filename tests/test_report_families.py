@@ -12,7 +12,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from fedlnl.benchmark import plots, report
+from fedlnl.benchmark import report
+from fedlnl.benchmark.report import plots
 from fedlnl.benchmark.report import cells, figures
 from fedlnl.methods.common.families import FAMILIES
 from test_report import summary, write_run
@@ -64,7 +65,7 @@ def test_row_order_families_first_then_names(family_sweep: Path):
     families = cells.row_families(frame, "method")
     assert list(families) == ORDER  # the tables' order
     assert families["old"] == cells.OTHER_FAMILY and families["fedcorr (w/o correction)"] == FEDERATED
-    assert cells._row_values(frame, "method") == ORDER
+    assert cells.row_values(frame, "method") == ORDER
     assert cells.row_families(frame, "model") is None  # one row holds every family: not methods
     assert cells.row_families(frame, "family") is None
     assert cells.row_families(frame.drop(columns="family"), "method") is None  # no run records one

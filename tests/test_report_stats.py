@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from fedlnl.benchmark import plots
+from fedlnl.benchmark.report import plots
 from fedlnl.benchmark.report import stats
 
 

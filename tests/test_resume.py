@@ -51,7 +51,7 @@ def test_interrupted_run_resumes_to_identical_numbers(tmp_path, monkeypatch, cap
                                                       crash_at, every):
     if not (CONF / "method" / f"{method}.yaml").exists():
         pytest.skip(f"method/{method}.yaml does not exist yet")
-    from fedlnl.benchmark import run as runmod
+    from fedlnl.benchmark import runner as runmod
 
     cfg = tiny(method, [*extra, f"checkpoint_every={every}"])
     straight = runmod.run(cfg, tmp_path / "straight", method)
@@ -86,7 +86,7 @@ def test_interrupted_run_resumes_to_identical_numbers(tmp_path, monkeypatch, cap
 
 
 def test_checkpoint_of_another_config_is_ignored(tmp_path, monkeypatch, caplog):
-    from fedlnl.benchmark import run as runmod
+    from fedlnl.benchmark import runner as runmod
 
     cfg = tiny("fedavg", ["fl.rounds=4", "checkpoint_every=1"])
     real_evaluate = runmod.Runner.evaluate
@@ -109,7 +109,7 @@ def test_checkpoint_of_another_config_is_ignored(tmp_path, monkeypatch, caplog):
 
 
 def test_complete_and_diverged_runs_are_not_rerun(tmp_path):
-    from fedlnl.benchmark.run import run
+    from fedlnl.benchmark.runner import run
 
     cfg = tiny("fedavg")
     first = run(cfg, tmp_path / "ok", "fedavg")
@@ -211,16 +211,16 @@ def test_launcher_configs_compose():
 @pytest.mark.parametrize("job, count, expected", [(None, 4, "cuda"), (0, 1, "cuda"), (5, 1, "cuda"),
                                                   (0, 3, "cuda:0"), (4, 3, "cuda:1"), (5, 3, "cuda:2")])
 def test_device_auto_gives_parallel_jobs_one_gpu_each(monkeypatch, job, count, expected):
-    from fedlnl.benchmark import run as runmod
+    from fedlnl.benchmark import device
 
     chosen = []
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
     monkeypatch.setattr(torch.cuda, "set_device", chosen.append)
-    monkeypatch.setattr(runmod, "_multirun_job_num", lambda: job)
-    assert str(runmod.resolve_device("auto")) == expected
+    monkeypatch.setattr(device, "multirun_job_num", lambda: job)
+    assert str(device.resolve_device("auto")) == expected
     assert [str(d) for d in chosen] == ([expected] if ":" in expected else [])
-    assert str(runmod.resolve_device("cpu")) == "cpu"
+    assert str(device.resolve_device("cpu")) == "cpu"
 
 
 # ------------------------------------------------------------------------------- signals
@@ -235,7 +235,7 @@ def test_a_signal_saves_the_round_marks_it_interrupted_and_the_rerun_resumes(tmp
     and an interrupted summary are written, the lock is released, the exit status is 128 + signal;
     running the same command again resumes to the uninterrupted numbers (default checkpoints:
     checkpoint_every=0, none due by time yet)."""
-    from fedlnl.benchmark import run as runmod
+    from fedlnl.benchmark import runner as runmod
 
     ref = runmod.run(compose_cfg(["method=fedavg", "debug=tiny", "logger=none", "device=cpu", "threads=1",
                                   "fl.rounds=12", *NOISY]), tmp_path / "straight", "fedavg")

@@ -176,7 +176,7 @@ def test_truncated_checkpoint_is_moved_aside_and_the_run_starts_over(tmp_path, c
 def test_a_cell_locked_by_a_live_process_is_skipped_and_a_stale_lock_is_taken_over(tmp_path):
     import socket
 
-    from fedlnl.benchmark.run import CellLock
+    from fedlnl.benchmark.lock import CellLock
 
     run_dir = tmp_path / "cell"
     run_dir.mkdir()
@@ -244,7 +244,7 @@ def test_a_resumed_run_continues_its_own_wandb_run(tmp_path, monkeypatch):
     """Offline, a run killed after its checkpoint and resumed leaves one W&B run with every round:
     the earlier attempt's folder is replaced, the rounds up to the checkpoint are logged again."""
     pytest.importorskip("wandb")
-    from fedlnl.benchmark import run as runmod
+    from fedlnl.benchmark import runner as runmod
 
     monkeypatch.setenv("WANDB_MODE", "offline")
     cfg = compose_cfg(["method=fedavg", *TINY, "logger=wandb", "logger.mode=offline", "fl.rounds=4",
@@ -279,7 +279,7 @@ def test_online_wandb_without_a_server_falls_back_to_offline(tmp_path, monkeypat
     monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "wandb-config"))  # no settings file of this machine
     monkeypatch.setenv("WANDB_BASE_URL", "http://127.0.0.1:9")  # the discard port: nothing listens
     cfg = compose_cfg(["method=fedavg", *TINY, "logger=wandb", "logger.mode=online", "fl.rounds=2"])
-    from fedlnl.benchmark.run import run
+    from fedlnl.benchmark.runner import run
 
     with caplog.at_level(logging.WARNING, logger="fedlnl"):
         s = run(cfg, tmp_path, "fedavg")
@@ -290,7 +290,7 @@ def test_online_wandb_without_a_server_falls_back_to_offline(tmp_path, monkeypat
 
 
 def test_a_failure_after_training_started_keeps_metrics_and_says_why(tmp_path, monkeypatch):
-    from fedlnl.benchmark import run as runmod
+    from fedlnl.benchmark import runner as runmod
 
     real = runmod.Runner.evaluate
 
@@ -330,7 +330,8 @@ def test_metrics_are_byte_identical_between_two_runs_and_timing_is_apart(tmp_pat
 
 
 def test_the_thread_count_is_part_of_the_config_hash():
-    from fedlnl.benchmark.run import NON_RESULT_KEYS, config_hash
+    from fedlnl.benchmark.rundir import config_hash
+    from fedlnl.conf.keys import NON_RESULT_KEYS
 
     one = compose_cfg(["threads=1", *TINY])
     two = compose_cfg(["threads=2", *TINY])
@@ -338,6 +339,24 @@ def test_the_thread_count_is_part_of_the_config_hash():
 
     assert "threads" not in NON_RESULT_KEYS
     assert config_hash(OmegaConf.to_container(one, resolve=True)) != config_hash(OmegaConf.to_container(two, resolve=True))
+
+
+def test_a_cell_directory_leaves_out_the_declared_keys_and_the_user_guide_lists_the_hashed_ones():
+    """One declaration (fedlnl/conf/keys.py): Hydra's ``exclude_keys`` reads it, the guide names it."""
+    import re
+
+    from hydra import compose, initialize_config_module
+
+    from fedlnl.conf.keys import CELL_DIR_EXCLUDED, NON_RESULT_KEYS
+
+    GlobalHydra.instance().clear()
+    with initialize_config_module(config_module="fedlnl.conf", version_base=None):
+        cfg = compose("config", overrides=["preset=x", "threads=1", "device=cpu", "fl.lr=0.1"], return_hydra_config=True)
+    assert list(cfg.hydra.job.config.override_dirname.exclude_keys) == list(CELL_DIR_EXCLUDED)
+    assert cfg.hydra.job.override_dirname == "fl.lr=0.1"
+    guide = (REPO / "docs" / "user-guide.md").read_text()
+    listed = re.search(r"\(`NON_RESULT_KEYS` in fedlnl/conf/keys.py\): ([^.]*)\.", guide.replace("\n", " "))
+    assert listed and re.findall(r"`(\w+)`", listed.group(1)) == list(NON_RESULT_KEYS)
 
 
 def test_online_wandb_without_a_login_says_how_to_log_in(tmp_path, monkeypatch):
@@ -570,7 +589,7 @@ def test_a_damaged_cifarn_file_stops_the_run_before_training(tmp_path, shared_da
 
 # ------------------------------------------------------------------------- the disk
 def test_a_full_disk_is_one_line_and_leaves_no_temporary_file(tmp_path, monkeypatch):
-    from fedlnl.benchmark import run as runmod
+    from fedlnl.benchmark import runner as runmod
 
     def full(obj, path, *a, **k):
         Path(path).write_bytes(b"PK\x03\x04 half")  # what torch leaves when the write fails

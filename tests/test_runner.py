@@ -69,7 +69,7 @@ def test_nan_loss_ends_run_as_diverged_with_a_summary(tmp_path):
     ("noise.rho_tau=[0.6]", "noise.rho_tau"), ("fidelity=code", "fidelity"),
 ])
 def test_invalid_config_is_one_line_error_before_anything_is_written(tmp_path, override, key):
-    from fedlnl.benchmark.run import run
+    from fedlnl.benchmark.runner import run
     from fedlnl.benchmark.validate import ConfigError
 
     cfg = compose_cfg(["debug=tiny", "logger=none", *override.split()])

@@ -7,11 +7,11 @@ Usage: python suite_driver.py <fedlnl-run overrides>
 import numpy as np
 import torch
 
-from fedlnl.benchmark import run as R
+from fedlnl.benchmark import run, runner
 from fedlnl.methods import feddiv as fd
 
 G = {}
-_prepare = R.Runner.prepare
+_prepare = runner.Runner.prepare
 
 
 def prepare(self):
@@ -19,7 +19,7 @@ def prepare(self):
     G["clean"] = self.fed.oracle.clean_labels.clone()
 
 
-R.Runner.prepare = prepare
+runner.Runner.prepare = prepare
 _client = fd.FedDiv._training_client
 
 
@@ -95,4 +95,4 @@ if __name__ == "__main__":
     if sys.argv[1:2] in (["-h"], ["--help"]):
         sys.exit(print("usage: python suite_driver.py <fedlnl-run overrides>\n\n" + __doc__))
     torch.set_num_threads(1)
-    R.main()
+    run.main()

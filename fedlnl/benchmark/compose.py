@@ -86,13 +86,13 @@ def build_method(node: Mapping, fl: Mapping, path: str = "method"):
         raise ConfigError(str(err).splitlines()[0]) from err
 
 
-def _nodes(method, node: Mapping, path: str = "method"):
+def method_nodes(method, node: Mapping, path: str = "method"):
     """(config path, resolved node, built method) for the method and its nested methods."""
     yield path, node, method
     for key in NESTED:
         sub = getattr(method, key, None)
         if sub is not None and isinstance(node.get(key), Mapping):
-            yield from _nodes(sub, node[key], f"{path}.{key}")
+            yield from method_nodes(sub, node[key], f"{path}.{key}")
 
 
 def check_typed(typed: Mapping[str, str], method, node: Mapping, family: str | None) -> None:
@@ -100,13 +100,13 @@ def check_typed(typed: Mapping[str, str], method, node: Mapping, family: str | N
     value that the user did not also type, not read by the method at all (``fl_unused``), or not
     read by the optimiser it trains with (``momentum`` of adam, ``betas`` of sgd; also as a method
     pin ``method.X``). A typed value equal to the pin takes effect as typed, so it is accepted."""
-    for path, sub, obj in _nodes(method, node):
+    for path, sub, obj in method_nodes(method, node):
         check_optimizer_keys(typed, path, sub, obj, family)
     for key, value in typed.items():
         if not key.startswith("fl."):
             continue
         field = key[3:]
-        for path, sub, obj in _nodes(method, node):
+        for path, sub, obj in method_nodes(method, node):
             unused = getattr(obj, "fl_unused", {}) or {}
             if field in unused:
                 raise ConfigError(f"{key}={value} does not apply to {type(obj).__name__}: {unused[field]}")

@@ -16,7 +16,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,27 +25,17 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from fedlnl.benchmark import compose
+from fedlnl.benchmark.device import seeded_init
 from fedlnl.benchmark.validate import ConfigError, check_fl, validate
+from fedlnl.datasets import DataError, DatasetUnavailable
 from fedlnl.methods.common.protocol import FederationInfo
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 log = logging.getLogger("fedlnl")
 
-#: errors of the data layer that carry a sentence for the user (missing files, bad folders, ...)
-DATA_ERRORS: tuple[type[BaseException], ...] = (FileNotFoundError,)
-try:
-    from fedlnl.datasets.sources import DatasetUnavailable
-
-    DATA_ERRORS += (DatasetUnavailable,)
-except ImportError:  # pragma: no cover
-    pass
-try:
-    from fedlnl.datasets import DataError  # type: ignore[attr-defined]
-
-    DATA_ERRORS += (DataError,)
-except ImportError:
-    pass
-DATA_ERRORS += (ValueError,)  # partition/noise settings the data cannot satisfy
+#: errors of the data layer that carry a sentence for the user (missing files, bad folders, ...), and
+#: ValueError: partition/noise settings the data cannot satisfy
+DATA_ERRORS: tuple[type[BaseException], ...] = (FileNotFoundError, DatasetUnavailable, DataError, ValueError)
 
 
 def first_line(err: BaseException) -> str:
@@ -76,7 +65,7 @@ def check_cell(cfg, typed: dict[str, str]):
         key = getattr(err, "full_key", None)
         raise ConfigError(f"{key or 'config'}: {first_line(err)}") from err
     method = compose.build_method(resolved["method"], resolved["fl"])
-    for path, _node, obj in compose._nodes(method, resolved["method"]):
+    for path, _node, obj in compose.method_nodes(method, resolved["method"]):
         check_fl(dataclasses.asdict(obj.fl), f"{path}.")  # the values after the method's pins
     compose.check_typed(typed, method, resolved["method"], resolved["dataset"].get("family"))
     check_noise_rate(method, resolved)
@@ -88,37 +77,12 @@ def check_noise_rate(method, resolved: dict) -> None:
     whose rate is known (real label sets without a published rate are not)."""
     from fedlnl.datasets.noise import nominal_rate_problem
 
-    for path, _node, obj in compose._nodes(method, resolved["method"]):
+    for path, _node, obj in compose.method_nodes(method, resolved["method"]):
         key = getattr(obj, "noise_rate_key", None)
         problem = nominal_rate_problem(resolved["noise"]) if key else None
         if problem:
             raise ConfigError(f"{path}.{key}=noise needs the noise rate, but {problem}: "
                               f"set {path}.{key}=<a share in [0, 1)>")
-
-
-def cores() -> int:
-    """The CPU cores this process may run on (its affinity: a SLURM allocation, taskset)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # macOS, Windows
-        return os.cpu_count() or 1
-
-
-def check_threads(cfg) -> None:
-    """``threads`` above the cores this process may use only slows torch down: refused here (a run
-    on this machine); a task on another machine (SLURM) clamps it instead (``usable_threads``)."""
-    threads, n = cfg.get("threads"), cores()
-    if isinstance(threads, int) and not isinstance(threads, bool) and threads > n:
-        raise ConfigError(f"threads={threads} is invalid: allowed an integer in [0, {n}] (the cores this process "
-                          f"may use; 0 = torch's default)")
-
-
-def usable_threads(threads: int) -> int:
-    n = cores()
-    if threads > n:
-        log.warning("threads=%d exceeds the %d cores this process may use: using %d", threads, n, n)
-        return n
-    return threads
 
 
 def check_data(cfg, num_train: int) -> None:
@@ -195,8 +159,7 @@ def build_model(cfg, info: FederationInfo, model_label: str, device="cpu") -> to
 
     dataset = str(cfg.dataset.name)
     shape = "x".join(map(str, info.input_shape))
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(int(cfg.seed))
+    with seeded_init(int(cfg.seed)):
         try:
             model = instantiate(cfg.model, num_classes=info.num_classes, input_shape=info.input_shape)
         except (InstantiationException, ValueError, RuntimeError, OSError) as err:
@@ -242,7 +205,7 @@ def options(group: str) -> list[str]:
     return found
 
 
-def _overrides(argv: list[str]) -> list[str]:
+def config_overrides(argv: list[str]) -> list[str]:
     out, skip = [], False
     for arg in argv:
         if skip:
@@ -265,7 +228,7 @@ def check_argv(argv: list[str]) -> str | None:
     if len({"-m" if a == "--multirun" else "--cfg" if a == "-c" else "--info" if a == "-i" else a for a in modes}) > 1:
         return (f"{' and '.join(dict.fromkeys(modes))} cannot be combined: print one cell's config with "
                 "`fedlnl-run --cfg job <overrides>` (without -m), or list a sweep's cells with `-m ... dry_run=true`")
-    items = _overrides(argv)
+    items = config_overrides(argv)
     if not items:
         return None
     from hydra.core.override_parser.overrides_parser import OverridesParser

@@ -1,363 +1,29 @@
 """``fedlnl-run``: one federated run (or, with ``-m``, a Hydra sweep of runs).
 
-Data flow: compose config → validate → build (or reuse) the federation → instantiate model and
-method → loop rounds (sample, local updates, relabels scored against the oracle, aggregate,
-evaluate, log, checkpoint) → ``summary.json``. The method never sees the oracle or the test set.
+The command line is checked before Hydra starts (``preflight.check_argv``); a single run makes every
+check of its cell before Hydra creates its directory (``precheck``); then Hydra composes the config
+and ``runner.run`` trains it. A refused run leaves nothing behind that this process made.
 """
 from __future__ import annotations
 
-import errno
-import hashlib
-import json
 import logging
-import math
 import os
 import shutil
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import hydra
-import numpy as np
-import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
-from torch.optim.optimizer import register_optimizer_step_post_hook
-from tqdm import tqdm
 
 from fedlnl.conf import resolvers  # noqa: F401  (registers ${fidelity:...})
-from fedlnl.benchmark import compose, preflight
-from fedlnl.benchmark.lock import CellLock, LockError
-from fedlnl.benchmark.rundir import NON_RESULT_KEYS, check_run_dir, completed, config_hash  # noqa: F401
-from fedlnl.benchmark.stop import StopRequest
-from fedlnl.benchmark.setting import setting_of
-from fedlnl.benchmark.logging import JsonlSink, Sinks, WandbSink, write_json_atomic
-from fedlnl.benchmark.metrics import OracleScorer, accuracy_summary, cost_to_target
+from fedlnl.benchmark import compose, device, preflight
+from fedlnl.benchmark.lock import CellLock
+from fedlnl.benchmark.rundir import check_run_dir, config_hash
+from fedlnl.benchmark.runner import run
 from fedlnl.benchmark.validate import ConfigError
-from fedlnl.datasets.federation import federation_stats
-from fedlnl.methods.common import engine
-from fedlnl.methods.common.protocol import ALL_CLIENTS, ClientView, RoundContext
 
 log = logging.getLogger("fedlnl")
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        if not torch.cuda.is_available():
-            return torch.device("cpu")
-        count, job = torch.cuda.device_count(), _multirun_job_num()
-        if count > 1 and job is not None:
-            # parallel sweep jobs (e.g. hydra/launcher=joblib) on a multi-GPU node: one GPU per job,
-            # round-robin by Hydra's job number; set_device sends any plain "cuda" tensor there too
-            device = torch.device(f"cuda:{job % count}")
-            torch.cuda.set_device(device)
-            return device
-        return torch.device("cuda")  # one visible GPU (e.g. a SLURM task's), or a single run
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise ConfigError(f"device={name!r} is invalid: no CUDA device is available (use auto or cpu)")
-    return torch.device(name)
-
-
-def _multirun_job_num() -> int | None:
-    """Hydra's job number inside a multirun (``-m``), else None."""
-    if not HydraConfig.initialized():
-        return None
-    hc = HydraConfig.get()
-    return int(hc.job.num) if hc.mode is not None and hc.mode.name == "MULTIRUN" else None
-
-
-def git_commit() -> str | None:
-    try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent,
-                             capture_output=True, text=True, timeout=5)
-        return out.stdout.strip() or None
-    except (OSError, subprocess.SubprocessError):
-        return None
-
-
-def model_name(cfg: DictConfig) -> str:
-    """The model's config-group choice under Hydra, else the class named by its ``_target_``."""
-    if HydraConfig.initialized():
-        return HydraConfig.get().runtime.choices.get("model")
-    return str(cfg.model._target_).rsplit(".", 1)[-1].lower()
-
-
-class Runner:
-    """Owns the loop; a method only sees client views and the round context."""
-
-    def __init__(self, cfg: DictConfig, run_dir: Path, method_name: str, group: str, method):
-        self.cfg, self.run_dir, self.method_name, self.group = cfg, Path(run_dir), method_name, group
-        self.method = method  # built and checked by preflight.check_cell, before any data
-        self.resolved = OmegaConf.to_container(cfg, resolve=True)
-        self.hash = config_hash(self.resolved)
-
-    # ------------------------------------------------------------------ setup
-    def prepare(self) -> None:
-        cfg = self.cfg
-        threads = int(cfg.get("threads") or 0)
-        if threads > 0:
-            torch.set_num_threads(preflight.usable_threads(threads))
-        self.device = resolve_device(str(cfg.device))
-        cell = preflight.build_cell(cfg, self.method, model_name(cfg), self.device)  # raises ConfigError
-        self.fed, self.info, self.model, self.total = cell.fed, cell.info, cell.model, cell.total
-        src = self.fed.source
-        self.train = engine.TensorData.build(src.x_train, src.mean, src.std, src.augment, self.device)
-        self.test = engine.TensorData.build(src.x_test, src.mean, src.std, None, self.device)
-        self.test_labels = src.y_test.to(self.device)
-        self.labels = self.fed.labels.clone().to(self.device)  # observed labels; relabels land here
-        self.client_idx = [torch.tensor(ix, dtype=torch.long, device=self.device)
-                           for ix in self.fed.client_indices]
-        self.scorer = OracleScorer(self.fed.oracle, self.fed.client_indices, self.labels)
-        self.records: dict = {}  # ctx.record(...) diagnostics, written to diagnostics.json
-        self.effective = compose.effective(self.method, self.resolved["method"], int(cfg.fl.rounds), self.info)
-        log.info("effective: %s", json.dumps(self.effective, sort_keys=True))
-        log.info("device %s, %d torch threads", self.device, torch.get_num_threads())
-
-    def view(self, k: int) -> ClientView:
-        idx = torch.arange(self.labels.numel(), device=self.device) if k == ALL_CLIENTS else self.client_idx[k]
-        return ClientView(k, idx, self.labels[idx].clone(), self.train)
-
-    def context(self, rnd: int) -> RoundContext:
-        return RoundContext(
-            round=rnd, total_rounds=self.total, seed=int(self.cfg.seed), device=self.device,
-            num_clients=self.info.num_clients, client_sizes=self.info.client_sizes,
-            data=self.train, views=self.view, relabel=self.scorer.relabel,
-            report_clients=self.scorer.clients, report_samples=self.scorer.samples,
-            record=self.records.__setitem__,
-        )
-
-    # ------------------------------------------------------------------ checkpoints
-    def _ckpt_path(self) -> Path:
-        return self.run_dir / "checkpoint.pt"
-
-    def save_checkpoint(self, state, rnd: int) -> None:
-        """Write ``checkpoint.pt`` atomically; a failed write (a full disk) leaves the last one and
-        no temporary file, and raises OSError naming the file and the free space."""
-        tmp = self.run_dir / ".checkpoint.pt.tmp"
-        try:
-            torch.save({"config_hash": self.hash, "round": rnd, "state": state, "labels": self.labels,
-                        "scorer": (self.scorer.num_relabels, self.scorer.num_correct_relabels, self.scorer.latest,
-                                   self.scorer.mu_hat, self.scorer.flagged), "records": self.records,
-                        "rows": self.rows, "comm": self.comm, "bytes": self.bytes_up, "steps": self.steps,
-                        "elapsed": time.time() - self.t0}, tmp)
-            tmp.replace(self._ckpt_path())
-        except (OSError, RuntimeError) as err:  # torch reports a full disk as "file write failed"
-            tmp.unlink(missing_ok=True)
-            free = shutil.disk_usage(self.run_dir).free
-            raise OSError(errno.ENOSPC if free < 1 << 20 else errno.EIO,
-                          f"could not write {self._ckpt_path()} ({preflight.first_line(err)}); "
-                          f"{free / 1e6:,.1f} MB free on its file system") from err
-
-    def load_checkpoint(self):
-        path = self._ckpt_path()
-        if not path.exists():
-            return None
-        try:
-            ck = torch.load(path, map_location=self.device, weights_only=False)
-            if not isinstance(ck, dict) or "config_hash" not in ck:
-                raise ValueError("not a fedlnl checkpoint")
-        except Exception as err:  # truncated, empty or foreign: keep it for inspection, start over
-            aside = _free_name(path.with_name(path.name + ".corrupt"))
-            path.replace(aside)
-            log.warning("checkpoint %s is unreadable (%s); moved to %s, starting over",
-                        path, str(err).splitlines()[0] if str(err) else type(err).__name__, aside.name)
-            return None
-        if ck["config_hash"] != self.hash:
-            log.warning("checkpoint in %s is for another config; starting over", self.run_dir)
-            return None
-        self.labels.copy_(ck["labels"])
-        (self.scorer.num_relabels, self.scorer.num_correct_relabels, self.scorer.latest,
-         self.scorer.mu_hat, self.scorer.flagged) = ck["scorer"]
-        self.records.update(ck["records"])
-        self.rows, self.comm, self.bytes_up, self.steps = ck["rows"], ck["comm"], ck["bytes"], ck.get("steps", 0)
-        self.t0 -= ck["elapsed"]
-        log.info("resuming after round %d of %d (%s)", ck["round"] + 1, self.total, path)
-        return ck["state"], ck["round"] + 1
-
-    # ------------------------------------------------------------------ the loop
-    def run(self, stop: StopRequest | None = None) -> dict:
-        """Train to the end of the schedule, or, once ``stop`` has caught a signal, to the end of
-        the round in progress: checkpoint, ``status: interrupted``."""
-        self.t0 = time.time()
-        self.rows, self.comm, self.bytes_up, self.steps = [], 0, 0, 0
-        self.stopped = None
-        state, start = None, 0
-        resumed = self.load_checkpoint()
-        if resumed:
-            state, start = resumed
-        else:
-            state = self.method.init(self.model, self.info, self.context(0))
-        sinks = self.open_sinks()
-        status = "complete"
-        every = int(self.cfg.fl.eval_every)
-        ck_every, ck_seconds = int(self.cfg.checkpoint_every or 0), 60.0 * float(self.cfg.get("checkpoint_minutes") or 0)
-        last_ck = time.monotonic()
-        counter = register_optimizer_step_post_hook(self._count_step)
-        bar = tqdm(range(start, self.total), desc=f"{self.method_name} s{self.cfg.seed}", unit="rnd",
-                   dynamic_ncols=True, disable=None, leave=False)
-        try:
-            for rnd in bar:
-                ctx = self.context(rnd)
-                ids = self.method.sample_clients(state, ctx)
-                updates = [self.method.client_update(state, self.view(k), ctx) for k in ids]
-                self.comm += sum(1 for k in ids if k != ALL_CLIENTS)
-                self.bytes_up += sum(engine.payload_bytes(u.weights) + engine.payload_bytes(u.payload)
-                                     for u in updates)
-                state, agg = self.method.aggregate(state, updates, ctx)
-                losses = [u.train_loss for u in updates]
-                diverged = any(not math.isfinite(x) for x in losses)
-                if diverged or (rnd + 1) % every == 0 or rnd + 1 == self.total:
-                    row = self.evaluate(state, rnd, losses, agg)
-                    sinks.log(row)
-                    bar.set_postfix(acc=f"{row['acc']:.3f}" if row["acc"] is not None else "nan")
-                    if diverged or row["acc"] is None or row["loss"] is None or not math.isfinite(row["loss"]):
-                        status = "diverged"
-                        log.warning("run diverged at round %d (non-finite loss)", rnd + 1)
-                        break
-                if not sys.stderr.isatty() and (rnd + 1) % max(self.total // 10, 1) == 0:
-                    log.info("round %d/%d acc=%s", rnd + 1, self.total, self.rows[-1]["acc"] if self.rows else None)
-                if rnd + 1 == self.total:
-                    break
-                stopping = stop is not None and stop.signum is not None
-                due = (ck_every and (rnd + 1) % ck_every == 0) or (ck_seconds and time.monotonic() - last_ck >= ck_seconds)
-                if due or stopping:
-                    self.save_checkpoint(state, rnd)
-                    last_ck = time.monotonic()
-                if stopping:
-                    status, self.stopped = "interrupted", (stop.name, rnd + 1)
-                    log.warning("stopped by %s after round %d of %d; checkpoint saved in %s: run the same "
-                                "command again to resume", stop.name, rnd + 1, self.total, self._ckpt_path())
-                    break
-        except BaseException as err:
-            reason = (str(err).strip().splitlines() or [""])[0]
-            try:
-                self.finish("failed", sinks, error=f"{type(err).__name__}: {reason}" if reason else type(err).__name__)
-            except OSError as also:  # a full disk takes the summary too: the first error is the one to see
-                log.error("could not record the failure in %s: %s", self.run_dir, also)
-            raise
-        finally:
-            bar.close()
-            counter.remove()
-        return self.finish(status, sinks)
-
-    def _count_step(self, optimizer, args, kwargs) -> None:
-        self.steps += 1
-
-    @torch.no_grad()
-    def evaluate(self, state, rnd: int, losses: list[float], agg: dict) -> dict:
-        model = self.method.eval_model(state)
-        ev = engine.evaluate(model, self.test, self.test_labels, int(self.cfg.fl.eval_batch_size),
-                             num_classes=self.info.num_classes)
-        finite = [x for x in losses if math.isfinite(x)]
-        ok = math.isfinite(ev.loss)
-        row = {
-            "round": rnd + 1, "acc": ev.acc if ok else None, "loss": ev.loss,
-            "balanced_acc": ev.balanced_acc if ok else None, "class_acc": ev.class_acc if ok else None,
-            "comm_cost": self.comm, "bytes_up": self.bytes_up,
-            "train_loss": float(np.mean(finite)) if finite and len(finite) == len(losses) else float("nan"),
-            "time_s": time.time() - self.t0,
-        }
-        row.update({k: v for k, v in agg.items()})
-        row.update(self.scorer.latest)
-        self.rows.append(row)
-        return row
-
-    def open_sinks(self) -> Sinks:
-        """W&B first (it may take seconds or fall back to offline), then metrics.jsonl with the rows
-        up to the checkpoint after a resume."""
-        sinks = []
-        lg = self.cfg.logger
-        if lg.kind == "wandb":
-            s = setting_of(self.resolved)
-            tags = [self.method_name, s["dataset"], f"rho={s['rho']}", f"tau={s['tau']}", str(s["partition"])]
-            sinks.append(WandbSink(self.resolved, self.run_dir, name=f"{self.method_name}-s{self.cfg.seed}-{self.hash}",
-                                   group=self.group, tags=tags, mode=lg.mode, project=lg.project,
-                                   entity=lg.get("entity"), run_id=self.wandb_id(), history=self.rows))
-        jsonl = JsonlSink(self.run_dir / "metrics.jsonl")
-        for row in self.rows:  # after a resume: the rows up to the checkpoint, none after it
-            jsonl.log(row)
-        return Sinks([jsonl, *sinks])
-
-    def wandb_id(self) -> str:
-        """A W&B run id stable for this run directory and config: a resumed run continues it."""
-        key = f"{self.run_dir.resolve()}/{self.hash}"
-        return hashlib.blake2b(key.encode(), digest_size=8).hexdigest()
-
-    def finish(self, status: str, sinks: Sinks, error: str | None = None) -> dict:
-        if status == "interrupted":
-            name, done = self.stopped
-            error = f"stopped by {name} after round {done} of {self.total}; resumes from checkpoint.pt when run again"
-        summary = {
-            "status": status, "error": error, "effective": self.effective, "method": self.method_name,
-            "family": getattr(self.method, "family", None), "dataset": str(self.cfg.dataset.name),
-            "model": model_name(self.cfg),
-            "seed": int(self.cfg.seed), "variant": self.cfg.get("variant"), "preset": self.cfg.get("preset"),
-            **accuracy_summary(self.rows),
-            "comm_cost": self.comm, "cost_to_target": cost_to_target(self.rows, list(self.cfg.targets)),
-            "cost_to_target_balanced": cost_to_target(self.rows, list(self.cfg.targets), key="balanced_acc"),
-            "bytes_up": self.bytes_up, "local_steps": self.steps, "rounds_run": self.rows[-1]["round"] if self.rows else 0,
-            "total_rounds": self.total, "wall_time_s": time.time() - self.t0,
-            "federation_hash": self.fed.hash, "federation": federation_stats(self.fed),
-            "detection": dict(self.scorer.latest), "git_commit": git_commit(),
-            "setting": setting_of(self.resolved), "config": self.resolved, "config_hash": self.hash,
-            "device": str(self.device),
-        }
-        sinks.summary(summary)
-        sinks.close(status)
-        diag = {**self.scorer.diagnostics(self.info.num_classes), "records": self.records}
-        write_json_atomic(self.run_dir / "diagnostics.json", diag)
-        write_json_atomic(self.run_dir / "summary.json", summary)  # last: its presence = finished
-        if status == "complete" and self._ckpt_path().exists():
-            self._ckpt_path().unlink()
-        return summary
-
-
-def _free_name(path: Path) -> Path:
-    """``path``, or ``path.1``, ``path.2``, ... : the first name not taken."""
-    k, out = 0, path
-    while out.exists():
-        k += 1
-        out = path.with_name(f"{path.name}.{k}")
-    return out
-
-
-def run(cfg: DictConfig, run_dir: Path, method_name: str, group: str = "single", typed=()) -> dict:
-    """One run: check everything that needs no data, skip a complete cell, load data and check what
-    needs it, then (holding the cell's lock) train. Nothing is written before the last check."""
-    method = preflight.check_cell(cfg, compose.typed_keys(typed))
-    runner = Runner(cfg, run_dir, method_name, group, method)
-    check_run_dir(run_dir, runner.hash, runner.resolved)  # another config's run, a .lock that is no file
-    if cfg.get("skip_complete", True):
-        done = completed(run_dir, runner.hash)
-        if done:
-            log.info("skipping %s: %s summary for this config exists", run_dir, done["status"])
-            return done
-    runner.prepare()  # data-dependent checks: raises before anything is written
-    Path(run_dir).mkdir(parents=True, exist_ok=True)
-    lock = CellLock(run_dir, runner.hash)
-    try:
-        acquired = lock.acquire()
-    except LockError as err:
-        raise ConfigError(str(err)) from err
-    if not acquired:
-        log.warning("skipping %s: another process (%s) is running this cell", run_dir, lock.describe())
-        return {"status": "running", "best_acc": None}
-    with StopRequest() as stop:
-        try:
-            done = completed(run_dir, runner.hash) if cfg.get("skip_complete", True) else None
-            if done:  # finished by another process while this one was preparing
-                return done
-            summary = runner.run(stop)
-        finally:
-            lock.release()
-        if stop.signum is not None and summary.get("status") == "interrupted":  # saved and unlocked: hand it on
-            stop.exit()
-        if stop.signum is not None:
-            stop.completed()
-    log.info("%s seed %s: best acc %.4f, final %.4f, comm cost %d, %.1fs -> %s", method_name, cfg.seed,
-             summary["best_acc"] or float("nan"), summary["final_acc"] or float("nan"),
-             summary["comm_cost"], summary["wall_time_s"], run_dir)
-    return summary
 
 
 #: what existed before Hydra ran (``precheck``): cleanup after a refusal removes only what this process made
@@ -453,7 +119,7 @@ def precheck(argv: list[str]) -> int | None:
     from fedlnl.benchmark import plan
     from fedlnl.benchmark.rundir import check_writable
 
-    overrides = preflight._overrides(argv)
+    overrides = preflight.config_overrides(argv)
     try:
         with initialize_config_dir(str(preflight.CONF), version_base=None):
             cfg = hydra_compose("config", overrides=overrides, return_hydra_config=True)
@@ -467,7 +133,7 @@ def precheck(argv: list[str]) -> int | None:
     try:
         job = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"])
         method = preflight.check_cell(job, compose.typed_keys([o for o in overrides if not o.startswith("hydra")]))
-        preflight.check_threads(job)
+        device.check_threads(job)
         resolved = OmegaConf.to_container(job, resolve=True)
         template = str(OmegaConf.to_container(cfg.hydra.run, resolve=False)["dir"])
         try:

@@ -1,7 +1,7 @@
 """A run directory: which config it holds, whether it is final, and whether a new run may use it.
 
 A directory is identified with a config by the hash of the resolved config without the keys that do
-not change the numbers (``NON_RESULT_KEYS``). A directory that holds a complete, diverged or
+not change the numbers (``fedlnl.conf.keys.NON_RESULT_KEYS``). A directory that holds a complete, diverged or
 interrupted run, or a live run, of another config is refused (one line naming what differs), so a
 typo in ``hydra.run.dir`` never overwrites another run's summary, metrics or ``.hydra/``.
 """
@@ -13,12 +13,9 @@ import os
 from pathlib import Path
 
 from fedlnl.benchmark.lock import CellLock, LockError
+from fedlnl.conf.keys import NON_RESULT_KEYS
 from fedlnl.benchmark.validate import ConfigError
 
-#: config keys that do not change a run's numbers (left out of the config hash). ``threads`` is not
-#: one of them: the CPU thread count can change float reductions, so a resume never mixes two.
-NON_RESULT_KEYS = ("logger", "name", "preset", "checkpoint_every", "checkpoint_minutes", "skip_complete", "dry_run",
-                   "device", "hydra")
 #: statuses of a run whose directory belongs to its config: final ones, and interrupted (resumable)
 KEPT = ("complete", "diverged", "interrupted")
 

@@ -31,7 +31,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra._internal.config_loader_impl import get_overrides_dirname
 from omegaconf import OmegaConf, open_dict
 
-from fedlnl.benchmark import compose, plan, preflight
+from fedlnl.benchmark import compose, device, plan, preflight
 from fedlnl.benchmark.lock import CellLock
 from fedlnl.benchmark.rundir import check_run_dir, check_writable, completed, config_hash
 from fedlnl.benchmark.validate import ConfigError
@@ -156,7 +156,7 @@ class ValidatingSweeper(BasicSweeper):  # registered as hydra_plugins.fedlnl_swe
         check_run_dir(cell.run_dir, cell.hash, resolved, key="hydra.sweep.dir")
         remote = "slurm" in str(self.config.hydra.launcher.get("_target_", "")).lower()
         if not remote:  # a SLURM task runs on another machine: it clamps threads to its allocation
-            preflight.check_threads(job)
+            device.check_threads(job)
         cell.done = completed(cell.run_dir, cell.hash) if job.get("skip_complete", True) else None
         model_label = str(cfg.hydra.runtime.choices.get("model", "model"))
         try:

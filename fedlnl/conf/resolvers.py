@@ -7,6 +7,8 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from fedlnl.conf.keys import CELL_DIR_EXCLUDED
+
 FIDELITIES = ("paper", "reference")
 
 
@@ -83,10 +85,16 @@ def _gpus_for(device) -> int:
     return 0 if str(device) == "cpu" else 1
 
 
+def _cell_dir_excluded() -> list[str]:
+    """``${cell_dir_excluded:}``: the overrides left out of a sweep cell's directory name
+    (:data:`fedlnl.conf.keys.CELL_DIR_EXCLUDED`)."""
+    return list(CELL_DIR_EXCLUDED)
+
+
 def register() -> None:
     for name, fn in (("fidelity", _fidelity), ("item", _item), ("per_dataset", _per_dataset),
                      ("case", _case), ("tiny_federation", _tiny_federation), ("shared_dir", _shared_dir),
-                     ("cell_dir", _cell_dir), ("gpus_for", _gpus_for)):
+                     ("cell_dir", _cell_dir), ("cell_dir_excluded", _cell_dir_excluded), ("gpus_for", _gpus_for)):
         if not OmegaConf.has_resolver(name):
             OmegaConf.register_new_resolver(name, fn)
 

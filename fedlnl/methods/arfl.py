@@ -46,6 +46,7 @@ import math
 import torch
 
 from fedlnl.methods.common import checks, engine
+from fedlnl.methods.fedavg import FedAvg
 
 #: the reference's constant in the scale of residuals: 1.4826 (1 + 5/(n−1)) · MAD-like statistic
 _MAD_CONSISTENCY = 1.4826
@@ -141,30 +142,16 @@ def irls_aggregate(weights: list[dict[str, torch.Tensor]], lam: float, delta: fl
     return out, full
 
 
-class ARFL:
+class ARFL(FedAvg):
     family = "robust aggregation"
 
     def __init__(self, fl, lam, delta):
         checks.number("lam", lam, lambda v: v > 0, "a Huber constant λ > 0")
         checks.number("delta", delta, lambda v: 0.0 <= v <= 1.0, "a clipping threshold in [0, 1]")
-        self.fl = fl
+        super().__init__(fl)
         self.lam, self.delta = lam, delta
-
-    def init(self, model, info, ctx):
-        return {"model": model, "global": engine.get_weights(model)}
-
-    def sample_clients(self, state, ctx):
-        return engine.uniform_clients(ctx.num_clients, self.fl.frac, ctx.rng("sample"))
-
-    def client_update(self, state, client, ctx):
-        return engine.train_from_global(
-            state, client, ctx, **self.fl.training())
 
     def aggregate(self, state, updates, ctx):
         state["global"], coef = irls_aggregate([u.weights for u in updates], self.lam, self.delta)
         ctx.record("arfl_weights", {str(u.client): float(c) for u, c in zip(updates, coef)})
         return state, {"arfl_w_min": float(coef.min()), "arfl_w_max": float(coef.max())}
-
-    def eval_model(self, state):
-        engine.set_weights(state["model"], state["global"])
-        return state["model"]

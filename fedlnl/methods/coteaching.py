@@ -37,9 +37,10 @@ from __future__ import annotations
 
 from fedlnl.methods.common import checks, engine, lnl, pair
 from fedlnl.methods.common.protocol import UpdatePlan, local_steps
+from fedlnl.methods.fedavg import FedAvg
 
 
-class Coteaching:
+class Coteaching(FedAvg):
     family = "label-noise learning as local training"
 
     def __init__(self, fl, forget_rate, gradual_share, schedule, keep_rounding, second_init):
@@ -49,18 +50,15 @@ class Coteaching:
         checks.choice("schedule", schedule, lnl.SCHEDULES)
         checks.choice("keep_rounding", keep_rounding, lnl.ROUNDINGS)
         checks.choice("second_init", second_init, ("all", "head"))
-        self.fl = fl
+        super().__init__(fl)
         self.forget_rate, self.gradual_share, self.schedule = forget_rate, gradual_share, schedule
         self.keep_rounding, self.second_init = keep_rounding, second_init
         self.noise_rate_key = "forget_rate" if forget_rate == lnl.NOISE else None  # preflight checks it is known
 
     def init(self, model, info, ctx):
-        state = pair.init(model, engine._child_seed(ctx.generator("init", "net2")), self.second_init)
+        state = pair.init(model, engine.child_seed(ctx.generator("init", "net2")), self.second_init)
         state["tau"] = lnl.rate_value("forget_rate", self.forget_rate, info)
         return state
-
-    def sample_clients(self, state, ctx):
-        return engine.uniform_clients(ctx.num_clients, self.fl.frac, ctx.rng("sample"))
 
     def forget_rate_at(self, state, ctx) -> float:
         T_k = max(1, int(self.gradual_share * ctx.total_rounds))
@@ -86,7 +84,3 @@ class Coteaching:
     def aggregate(self, state, updates, ctx):
         pair.aggregate(state, updates)
         return state, {"forget_rate": self.forget_rate_at(state, ctx)}
-
-    def eval_model(self, state):
-        engine.set_weights(state["model"], state["global"])
-        return state["model"]

@@ -31,12 +31,13 @@ import torch.nn.functional as F
 
 from fedlnl.methods.common import checks, engine, lnl, pair
 from fedlnl.methods.common.protocol import UpdatePlan, local_steps
+from fedlnl.methods.fedavg import FedAvg
 
 LOSS_ON = ("logits", "softmax")
 EMPTY = ("skip", "full_batch")
 
 
-class CoteachingPlus:
+class CoteachingPlus(FedAvg):
     family = "label-noise learning as local training"
 
     def __init__(self, fl, forget_rate, gradual_share, schedule, keep_rounding, init_round, loss_on,
@@ -50,19 +51,16 @@ class CoteachingPlus:
         checks.choice("loss_on", loss_on, LOSS_ON)
         checks.choice("empty_disagreement", empty_disagreement, EMPTY)
         checks.choice("second_init", second_init, ("all", "head"))
-        self.fl = fl
+        super().__init__(fl)
         self.forget_rate, self.gradual_share, self.schedule = forget_rate, gradual_share, schedule
         self.keep_rounding, self.init_round, self.loss_on = keep_rounding, init_round, loss_on
         self.empty_disagreement, self.second_init = empty_disagreement, second_init
         self.noise_rate_key = "forget_rate" if forget_rate == lnl.NOISE else None  # preflight checks it is known
 
     def init(self, model, info, ctx):
-        state = pair.init(model, engine._child_seed(ctx.generator("init", "net2")), self.second_init)
+        state = pair.init(model, engine.child_seed(ctx.generator("init", "net2")), self.second_init)
         state["tau"] = lnl.rate_value("forget_rate", self.forget_rate, info)
         return state
-
-    def sample_clients(self, state, ctx):
-        return engine.uniform_clients(ctx.num_clients, self.fl.frac, ctx.rng("sample"))
 
     def forget_rate_at(self, state, ctx) -> float:
         E_k = max(1, int(self.gradual_share * ctx.total_rounds))
@@ -116,7 +114,3 @@ class CoteachingPlus:
         if seen:
             out["disagree_share"] = sum(u.metrics["disagree"] for u in updates) / seen
         return state, out
-
-    def eval_model(self, state):
-        engine.set_weights(state["model"], state["global"])
-        return state["model"]

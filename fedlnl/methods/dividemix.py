@@ -90,7 +90,7 @@ class DivideMix:
         return self.warmup_rounds + self.train_rounds
 
     def init(self, model, info, ctx):
-        model2 = semisup.fresh_copy(model, engine._child_seed(ctx.generator("init", "net2")), self.second_init)
+        model2 = semisup.fresh_copy(model, engine.child_seed(ctx.generator("init", "net2")), self.second_init)
         return {"model": model, "model2": model2, "global": engine.get_weights(model),
                 "global2": engine.get_weights(model2), "ensemble": semisup.Ensemble(model, model2, self.ensemble),
                 "num_classes": info.num_classes, "clients": {}}

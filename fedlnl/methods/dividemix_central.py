@@ -80,7 +80,7 @@ class DivideMixCentral:
         return math.ceil(self.epochs / self.epochs_per_round)
 
     def init(self, model, info, ctx):
-        model2 = semisup.fresh_copy(model, engine._child_seed(ctx.generator("init", "net2")), self.second_init)
+        model2 = semisup.fresh_copy(model, engine.child_seed(ctx.generator("init", "net2")), self.second_init)
         nets = [model, model2]
         return {"nets": nets, "opts": [engine.optimizer(n, self.fl.optim()) for n in nets],
                 "ensemble": semisup.Ensemble(model, model2, self.ensemble), "num_classes": info.num_classes,

@@ -55,7 +55,7 @@ Then the reference runs ⌊1/γ⌋ sub-rounds of ⌊γN⌋ draws (a client may t
 another not at all in that iteration: its LID adds 0 and its loss memory is the last one it made);
 the paper setting runs ⌈N/m⌉ sub-rounds over one permutation (m = ⌊γN⌋, the last possibly smaller).
 Both agree whenever m divides N, as in every paper setting.
-Added by issue 13 (reference behaviours that had no switch):
+Reference behaviours with a switch of their own:
 
 | switch | paper (default) | reference | |
 |---|---|---|---|
@@ -127,7 +127,7 @@ def stage1_shape(num_clients: int, frac: float, fraction_scheduling: bool, repla
     """(sub-rounds per stage-1 iteration S, clients drawn per sub-round m)."""
     if fraction_scheduling:
         return num_clients, 1  # γ₁ = 1/N: one client per sub-round, N sub-rounds
-    m = max(int(frac * num_clients), 1)
+    m = engine.cohort_size(frac, num_clients)
     if replace:  # the reference: ⌊1/γ⌋ sub-rounds of ⌊γN⌋ draws
         return max(int(1.0 / frac + 1e-9), 1), m
     return math.ceil(num_clients / m), m  # one permutation cut into chunks of m
@@ -146,7 +146,7 @@ def schedule(num_clients, T1, T2, T3, frac, *, fraction_scheduling=True, fine_tu
     ``num_clean`` = |S_c| clients qualify (all, if None); stage 3 is FedCorr's own FedAvg.
     The sum of the second entries is the total communication cost (methods.md §14)."""
     s, m = stage1_shape(num_clients, frac, fraction_scheduling, replace)
-    m23 = max(int(frac * num_clients), 1)
+    m23 = engine.cohort_size(frac, num_clients)
     out = []
     for _ in range(T1):
         for j in range(s):
@@ -283,7 +283,7 @@ class FedCorr:
             if r == 0:
                 state["clean_pool"] = self._clean_pool(state, ctx)
             pool = state["clean_pool"]
-            m = min(self._m(n), len(pool))
+            m = min(engine.cohort_size(self.fl.frac, n), len(pool))
             return sorted(ctx.rng("sample").choice(pool, size=m, replace=False).tolist())
         if self.stage3 is not None:
             if r == 0:
@@ -291,10 +291,6 @@ class FedCorr:
                 state["stage3"] = self.stage3.init(state["model"], state["info"], self._ctx3(state, ctx))
             return self.stage3.sample_clients(state["stage3"], self._ctx3(state, ctx))
         return self._usual_clients(ctx)
-
-    def _m(self, n: int) -> int:
-        """Clients per round of stages 2 and 3: max(⌊γN⌋, 1)."""
-        return max(int(self.fl.frac * n), 1)
 
     def _usual_clients(self, ctx) -> list[int]:
         return engine.uniform_clients(ctx.num_clients, self.fl.frac, ctx.rng("sample"))
@@ -381,7 +377,7 @@ class FedCorr:
             s = r % sched["shape1"][0]
             return self._stage1_order(ctx, s)[s]
         if stage == FT:
-            return Planned(None, self._m(ctx.num_clients), exact=False)
+            return Planned(None, engine.cohort_size(self.fl.frac, ctx.num_clients), exact=False)
         if self.stage3 is not None:
             return planned_clients(self.stage3, self._ctx3(sched, ctx))
         return self._usual_clients(ctx)

@@ -102,6 +102,7 @@ from fedlnl.methods.common import checks, engine
 from fedlnl.methods.common.noisyclients import (  # noqa: F401  (the shared pieces, re-exported)
     DISTANCES, GMM_SEEDS, adjustment, daagg_weights, detect_noisy_clients, gmm_noisy, gmm_seed_list, la_loss,
     model_distance, normalise_columns, per_class_losses, two_stage_aggregate)
+from fedlnl.methods.fedavg import FedAvg
 
 KD_STUDENTS = ("plain", "adjusted")
 
@@ -138,7 +139,7 @@ def rampup_weight(rnd: int, begin: int, length: int, a: float) -> float:
 
 
 # ----------------------------------------------------------------------------------- the method
-class FedNoRo:
+class FedNoRo(FedAvg):
     family = "federated label-noise methods"
 
     def __init__(self, fl, warmup_rounds, lambda_, lambda_rampup, rampup_begin, rampup_rounds, kd_temperature,
@@ -157,7 +158,7 @@ class FedNoRo:
         checks.choice("gmm_seeds", gmm_seeds, GMM_SEEDS)
         checks.choice("kd_student", kd_student, KD_STUDENTS)
         checks.flag("detect_augment", detect_augment)
-        self.fl = fl
+        super().__init__(fl)
         self.warmup_rounds, self.lambda_, self.lambda_rampup = warmup_rounds, float(lambda_), lambda_rampup
         self.rampup_begin, self.rampup_rounds = rampup_begin, rampup_rounds
         self.kd_temperature, self.la_tau = float(kd_temperature), float(la_tau)
@@ -184,9 +185,6 @@ class FedNoRo:
         return {"model": model, "teacher": teacher, "global": engine.get_weights(model),
                 "num_classes": info.num_classes, "noisy": None}
 
-    def sample_clients(self, state, ctx):
-        return engine.uniform_clients(ctx.num_clients, self.fl.frac, ctx.rng("sample"))
-
     def client_update(self, state, client, ctx):
         adj = adjustment(client.labels, state["num_classes"], self.la_tau if self.logit_adjust else 0.0)
         distil = state["noisy"] is not None and self.kd and bool(state["noisy"][client.id])
@@ -212,10 +210,6 @@ class FedNoRo:
         if stage2:
             metrics = {"stage": "training", "lambda": self._weight(ctx.round), **metrics}
         return state, metrics
-
-    def eval_model(self, state):
-        engine.set_weights(state["model"], state["global"])
-        return state["model"]
 
     # ------------------------------------------------------------------ detection
     def _detect(self, state, ctx) -> np.ndarray:

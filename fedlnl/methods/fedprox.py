@@ -7,14 +7,14 @@ Implementation notes
 - Fidelity switch ``prox_form`` / ``prox_skip_first``: FedCorr's code most likely ran FedProx through
   its own local update with β = 1 (methods.md Q24, inferred), i.e. μ·‖w − w_g‖ (not squared, no ½)
   skipped on the first batch of every epoch. ``fidelity=reference`` selects that behaviour.
-- What the reference reading does (issue 13): the gradient of μ·‖w − w_g‖ is μ·(w − w_g)/‖w − w_g‖,
+- What the reference reading does: the gradient of μ·‖w − w_g‖ is μ·(w − w_g)/‖w − w_g‖,
   a pull of constant length μ = 1 however close w is to w_g (the first-batch skip exists because it
   is undefined at w = w_g). Wherever the cross-entropy gradient is shorter than μ, the step back
   cancels the step forward and the local model orbits w_g. Measured (fresh LeNet-5, 500 CIFAR-10
   JPEG samples, batch 10, lr 0.01, momentum 0.5, 5 epochs = 250 steps): ‖∇CE‖ has median 0.64 and
   is below 1 in 86 % of steps; after 250 steps ‖w − w_g‖ = 0.51 without the term and 0.006 with
   it, so every round sends back w_g and the global model stays at chance (10.5 % through 60 rounds
-  in issue 13's 100-client run; FedAvg 50 %). Reduced
+  of a 100-client run; FedAvg 50 %). Reduced
   run (100 clients, frac 0.1, (0.6, 0.5), E = 5, lr 0.01, LeNet-5): 10.5–10.6 % in all 10 rounds
   with the reference reading, FedAvg 26 % by round 3. ResNet-18 is not affected the same way: in
   the same probe (50 steps) its ‖∇CE‖ has median 18 and is never below 1, and the term only shortens
@@ -29,23 +29,18 @@ from __future__ import annotations
 import torch.nn.functional as F
 
 from fedlnl.methods.common import checks, engine
+from fedlnl.methods.fedavg import FedAvg
 
 
-class FedProx:
+class FedProx(FedAvg):
     family = "FL baselines"
 
     def __init__(self, fl, mu, prox_form, prox_skip_first):
         checks.number("mu", mu, lambda v: v >= 0, "a proximal weight μ >= 0 (0 = FedAvg)")
         checks.choice("prox_form", prox_form, engine.PROX_FORMS)
         checks.flag("prox_skip_first", prox_skip_first)
-        self.fl = fl
+        super().__init__(fl)
         self.mu, self.prox_form, self.prox_skip_first = mu, prox_form, prox_skip_first
-
-    def init(self, model, info, ctx):
-        return {"model": model, "global": engine.get_weights(model)}
-
-    def sample_clients(self, state, ctx):
-        return engine.uniform_clients(ctx.num_clients, self.fl.frac, ctx.rng("sample"))
 
     def client_update(self, state, client, ctx):
         # w_g: the global parameters received this round (state["global"] is not modified in place)
@@ -59,12 +54,3 @@ class FedProx:
 
         return engine.train_from_global(
             state, client, ctx, loss_fn=loss_fn, **self.fl.training())
-
-    def aggregate(self, state, updates, ctx):
-        state["global"] = engine.weighted_average(
-            [u.weights for u in updates], [u.num_samples for u in updates])
-        return state, {}
-
-    def eval_model(self, state):
-        engine.set_weights(state["model"], state["global"])
-        return state["model"]

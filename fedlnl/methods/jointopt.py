@@ -42,9 +42,10 @@ import math
 
 from fedlnl.methods.common import engine, semisup
 from fedlnl.methods.common.protocol import ClientUpdate, UpdatePlan, local_steps
+from fedlnl.methods.fedavg import FedAvg
 
 
-class JointOpt:
+class JointOpt(FedAvg):
     family = "label-noise learning as local training"
 
     #: the shared `fl` keys this method does not read (a typed override of one is refused)
@@ -60,7 +61,8 @@ class JointOpt:
         for key, v in (("train_momentum", train_momentum), ("train_weight_decay", train_weight_decay),
                        ("alpha", alpha), ("beta", beta)):
             semisup.check_nonneg(key, v)
-        self.fl, self.warmup_rounds, self.train_rounds = fl, warmup_rounds, train_rounds
+        super().__init__(fl)
+        self.warmup_rounds, self.train_rounds = warmup_rounds, train_rounds
         self.train_local_epochs, self.train_lr = train_local_epochs, train_lr
         self.train_momentum, self.train_weight_decay = train_momentum, train_weight_decay
         self.alpha, self.beta, self.window, self.begin = alpha, beta, window, begin
@@ -71,9 +73,6 @@ class JointOpt:
     def init(self, model, info, ctx):
         return {"model": model, "global": engine.get_weights(model), "num_classes": info.num_classes,
                 "clients": {}}
-
-    def sample_clients(self, state, ctx):
-        return engine.uniform_clients(ctx.num_clients, self.fl.frac, ctx.rng("sample"))
 
     def plan_update(self, ctx, k, info, model):
         """(dry_run) warm-up: ``fl.local_epochs`` passes; then ``train_local_epochs`` JointOpt passes."""
@@ -120,7 +119,3 @@ class JointOpt:
         if not self._warmup(ctx):
             semisup.report_flags(ctx, state["clients"].values())
         return state, {"stage": "warmup" if self._warmup(ctx) else "training"}
-
-    def eval_model(self, state):
-        engine.set_weights(state["model"], state["global"])
-        return state["model"]

@@ -54,7 +54,7 @@ class Krum(FedAvg):
         self.neighbours, self.integer_buffers = neighbours, integer_buffers
 
     def total_rounds(self, info, rounds):
-        m = robust.clients_per_round(self.fl, info)
+        m = engine.cohort_size(self.fl.frac, info.num_clients)
         if m < 3:
             raise ValueError(f"method=krum needs at least 3 clients per round (n > 2f + 2 with f = 0), "
                              f"got {m} (fl.frac × fl.num_clients): raise fl.frac")

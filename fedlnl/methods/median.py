@@ -21,28 +21,12 @@ Implementation notes
 from __future__ import annotations
 
 from fedlnl.methods.common import engine
+from fedlnl.methods.fedavg import FedAvg
 
 
-class Median:
+class Median(FedAvg):
     family = "robust aggregation"
-
-    def __init__(self, fl):
-        self.fl = fl
-
-    def init(self, model, info, ctx):
-        return {"model": model, "global": engine.get_weights(model)}
-
-    def sample_clients(self, state, ctx):
-        return engine.uniform_clients(ctx.num_clients, self.fl.frac, ctx.rng("sample"))
-
-    def client_update(self, state, client, ctx):
-        return engine.train_from_global(
-            state, client, ctx, **self.fl.training())
 
     def aggregate(self, state, updates, ctx):
         state["global"] = engine.coordinate_median([u.weights for u in updates])
         return state, {}
-
-    def eval_model(self, state):
-        engine.set_weights(state["model"], state["global"])
-        return state["model"]

@@ -36,6 +36,7 @@ import numpy as np
 
 from fedlnl.methods.common import checks, engine
 from fedlnl.methods.common.protocol import Planned
+from fedlnl.methods.fedavg import FedAvg
 
 
 def candidate_pool(sizes, d: int, rng: np.random.Generator) -> list[int]:
@@ -52,18 +53,18 @@ def highest_loss(candidates: list[int], losses: list[float], m: int) -> list[int
     return sorted(candidates[i] for i in order[:m])
 
 
-class PoC:
+class PoC(FedAvg):
     family = "FL baselines"
 
     def __init__(self, fl, d, weighted, fixed_candidates):
         checks.integer("d", d, 1)
         checks.flag("weighted", weighted)
         checks.flag("fixed_candidates", fixed_candidates)
-        self.fl = fl
+        super().__init__(fl)
         self.d, self.weighted, self.fixed_candidates = d, weighted, fixed_candidates
 
     def check_pool(self, num_clients: int) -> None:
-        m = max(int(self.fl.frac * num_clients), 1)
+        m = engine.cohort_size(self.fl.frac, num_clients)
         if min(self.d, num_clients) < m:
             raise ValueError(f"method.d={self.d} is invalid: allowed d >= m = {m} clients per round")
 
@@ -84,31 +85,20 @@ class PoC:
         engine.set_weights(model, state["global"])
         losses = [self.global_loss(model, ctx.views(k)) for k in pool]
         state["evals"] += len(pool)
-        return highest_loss(pool, losses, self._m(ctx.num_clients))
-
-    def _m(self, n: int) -> int:
-        return max(int(self.fl.frac * n), 1)
+        return highest_loss(pool, losses, engine.cohort_size(self.fl.frac, ctx.num_clients))
 
     def plan_clients(self, ctx):
         """(dry_run) m of the candidates ``sample_clients`` draws; which m, their losses decide."""
         drawn_at = dataclasses.replace(ctx, round=0) if self.fixed_candidates else ctx  # init's pool: round 0
         pool = candidate_pool(ctx.client_sizes, self.d, drawn_at.rng("poc_pool"))
-        return Planned(None, min(self._m(ctx.num_clients), len(pool)), among=pool)
+        return Planned(None, min(engine.cohort_size(self.fl.frac, ctx.num_clients), len(pool)), among=pool)
 
     @staticmethod
     def global_loss(model, view) -> float:
         logits = engine.predict(model, view.data, view.indices)
         return float(engine.per_sample_loss(logits, view.labels).mean())
 
-    def client_update(self, state, client, ctx):
-        return engine.train_from_global(
-            state, client, ctx, **self.fl.training())
-
     def aggregate(self, state, updates, ctx):
         counts = [u.num_samples if self.weighted else 1.0 for u in updates]
         state["global"] = engine.weighted_average([u.weights for u in updates], counts)
         return state, {"poc_loss_evals": float(state["evals"])}
-
-    def eval_model(self, state):
-        engine.set_weights(state["model"], state["global"])
-        return state["model"]

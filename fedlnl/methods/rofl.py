@@ -56,7 +56,7 @@ Fidelity switches (paper = RoFL as described; reference = the jangsoohyuk code F
   features and centroids, ‖ẑ_i − f̂_k[y_i]‖² = 2 − 2 cos(z_i, f_k[y_i]) — the cosine geometry in
   which RoFL matches samples to centroids (ỹ_i), updates them (s_c) and aggregates them; false =
   raw squared distances of the penultimate features, as the code computes them (reference; there
-  it is detached and harmless). Decision (issue 13): a live L_cen on the raw scale with the code's
+  it is detached and harmless). Decision: a live L_cen on the raw scale with the code's
   λ_cen = 1 on a batch *sum* pulls every feature towards centroids that start as near-identical
   class means of an untrained network; the distances (tens per sample for 256-d ReLU features)
   dwarf L_c and training collapses even without noise. The raw reading stays reachable as
@@ -70,7 +70,7 @@ Fidelity switches (paper = RoFL as described; reference = the jangsoohyuk code F
 - ``forget_rate``: ``noise`` (paper) = the noise rate, as the RoFL paper sets it (R3; the
   reference's defaults noise_rate = forget_rate = 0.2 agree); 0.2 (reference) = the code's fixed
   value, which FedCorr kept for every noise setting. A number is accepted in either mode.
-  Decision (issue 13): paper mode follows the paper. On clean data the fixed 0.2 dropped a fifth of
+  Decision: paper mode follows the paper. On clean data the fixed 0.2 dropped a fifth of
   every clean batch for nothing; at (0, 0) the paper reading drops none. Measured on the quickstart
   setting (best accuracy, seeds 0 / 1, mean; "before" = forget rate 0.2 with the (t+1)/T_pl ramp):
 
@@ -103,6 +103,7 @@ import torch.nn.functional as F
 
 from fedlnl.methods.common import checks, engine
 from fedlnl.methods.common.protocol import ClientUpdate, UpdatePlan, local_steps
+from fedlnl.methods.fedavg import FedAvg
 
 #: ``forget_rate`` value meaning "the federation's nominal noise rate" (``FederationInfo.noise_rate``)
 NOISE = "noise"
@@ -155,7 +156,7 @@ def aggregate_centroids(f_global: torch.Tensor, f_locals: list[torch.Tensor]) ->
     return torch.where(ok[:, None], num / torch.where(ok, den, torch.ones_like(den))[:, None], f_global)
 
 
-class RoFL:
+class RoFL(FedAvg):
     family = "federated label-noise methods"
 
     def __init__(self, fl, T_pl, forget_rate, num_gradual, lambda_cen, lambda_e, detach_cen, weighted_avg,
@@ -171,7 +172,7 @@ class RoFL:
             checks.number(key, val, lambda v: v >= 0, "a weight >= 0")
         for key, v in (("detach_cen", detach_cen), ("weighted_avg", weighted_avg), ("pl_augment", pl_augment)):
             checks.flag(key, v)
-        self.fl = fl
+        super().__init__(fl)
         self.T_pl, self.forget_rate, self.num_gradual = T_pl, forget_rate, num_gradual
         self.lambda_cen, self.lambda_e = lambda_cen, lambda_e
         self.detach_cen, self.weighted_avg, self.pl_augment = detach_cen, weighted_avg, pl_augment
@@ -200,9 +201,6 @@ class RoFL:
         centroids = torch.zeros(info.num_classes, model.feature_dim)  # the features' dtype: float32
         return UpdatePlan(local_steps(info.client_sizes[k], self.fl.local_epochs, self.fl.batch_size),
                           payload=engine.payload_bytes({"centroids": centroids}))
-
-    def sample_clients(self, state, ctx):
-        return engine.uniform_clients(ctx.num_clients, self.fl.frac, ctx.rng("sample"))
 
     def forget_rate_at(self, t: int, rate: float) -> float:
         """r_t: linear from 0 to ``rate`` (the final forget rate) over the first ``num_gradual`` rounds."""
@@ -265,7 +263,3 @@ class RoFL:
         agree = sum(u.metrics["agree"] for u in updates)
         return state, {"rofl_agree": agree / kept if kept else float("nan"),
                        "rofl_forget_rate": self.forget_rate_at(ctx.round - state["start"], state["forget_rate"])}
-
-    def eval_model(self, state):
-        engine.set_weights(state["model"], state["global"])
-        return state["model"]

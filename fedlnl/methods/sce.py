@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from fedlnl.methods.common import checks, engine
+from fedlnl.methods.fedavg import FedAvg
 
 
 def sce_loss(logits: torch.Tensor, labels: torch.Tensor, alpha: float, beta: float, A: float,
@@ -40,7 +41,7 @@ def sce_loss(logits: torch.Tensor, labels: torch.Tensor, alpha: float, beta: flo
     return alpha * ce + beta * rce.mean()
 
 
-class SCE:
+class SCE(FedAvg):
     family = "label-noise learning as local training"
 
     def __init__(self, fl, alpha, beta, A, p_min):
@@ -48,26 +49,11 @@ class SCE:
         checks.number("beta", beta, lambda v: v >= 0, "a weight >= 0")
         checks.number("A", A, lambda v: v < 0, "a number < 0 (log 0 := A)")
         checks.number("p_min", p_min, lambda v: 0 <= v < 1, "a probability floor in [0, 1)")
-        self.fl = fl
+        super().__init__(fl)
         self.alpha, self.beta, self.A, self.p_min = alpha, beta, A, p_min
-
-    def init(self, model, info, ctx):
-        return {"model": model, "global": engine.get_weights(model)}
-
-    def sample_clients(self, state, ctx):
-        return engine.uniform_clients(ctx.num_clients, self.fl.frac, ctx.rng("sample"))
 
     def client_update(self, state, client, ctx):
         def loss_fn(model, xb, yb, step, gen):
             return sce_loss(model(xb), yb, self.alpha, self.beta, self.A, self.p_min)
 
         return engine.train_from_global(state, client, ctx, loss_fn=loss_fn, **self.fl.training())
-
-    def aggregate(self, state, updates, ctx):
-        state["global"] = engine.weighted_average(
-            [u.weights for u in updates], [u.num_samples for u in updates])
-        return state, {}
-
-    def eval_model(self, state):
-        engine.set_weights(state["model"], state["global"])
-        return state["model"]

@@ -112,7 +112,7 @@ class SELFIE:
     def sample_clients(self, state, ctx):
         run, _ = self._schedule(ctx)
         if run > state["run"]:  # the server starts a new run (official: re-initialise, clear histories)
-            fresh = semisup.fresh_copy(state["model"], engine._child_seed(ctx.generator("restart", run)), "all")
+            fresh = semisup.fresh_copy(state["model"], engine.child_seed(ctx.generator("restart", run)), "all")
             state["global"], state["run"] = engine.get_weights(fresh), run
             history.clear(state["history"])
         return self.plan_clients(ctx)

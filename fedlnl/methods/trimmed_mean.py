@@ -48,7 +48,7 @@ class TrimmedMean(FedAvg):
         self.byzantine_share, self.f, self.trim, self.integer_buffers = byzantine_share, f, trim, integer_buffers
 
     def total_rounds(self, info, rounds):
-        m = robust.clients_per_round(self.fl, info)
+        m = engine.cohort_size(self.fl.frac, info.num_clients)
         if self.f is not None and self.f > robust.trim_max(m):
             raise ValueError(f"method.f={self.f} is invalid: trimming f from each end of n = {m} clients per "
                              f"round (fl.frac × fl.num_clients) must keep one: allowed f <= {robust.trim_max(m)}")

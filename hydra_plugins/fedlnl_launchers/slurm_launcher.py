@@ -10,7 +10,8 @@ cluster needs.
   skips or runs it as usual.
 - ``threads`` follows ``hydra.launcher.cpus_per_task``: a cell without a ``threads=`` override gets
   ``threads=<cpus_per_task>`` (torch would otherwise start one thread per core of the node, not per
-  core of the allocation). ``threads`` is left out of the cell's directory name and config hash.
+  core of the allocation). ``threads`` is left out of the cell's directory name, not of its config
+  hash (``fedlnl/conf/keys.py``).
 - The launcher waits for every task, then names each cell that failed or never finished (cancelled,
   node failure, timed out too often) with its SLURM job id, its state and its log, and fails the sweep.
   The plugin itself raises at the first failed task while the others are still running.
@@ -43,7 +44,7 @@ from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf
 from hydra_plugins.hydra_submitit_launcher.submitit_launcher import SlurmLauncher as SubmititSlurmLauncher
 from omegaconf import OmegaConf, open_dict
 
-from fedlnl.benchmark.run import completed, config_hash
+from fedlnl.benchmark.rundir import completed, config_hash
 
 log = logging.getLogger("fedlnl")
 

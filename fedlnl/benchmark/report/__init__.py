@@ -64,7 +64,7 @@ run, ``none`` draws nothing (acc_vs_cost.png included).
 They come from each run's metrics.jsonl and diagnostics.json alone (no W&B).
 
 Pooling guards: runs of one cell that differ in any resolved ``config`` key besides the seed and
-the bookkeeping keys (logger, name, preset, checkpoint_every, skip_complete, device, threads, hydra)
+the keys the config hash ignores (``fedlnl.conf.keys.NON_RESULT_KEYS``; ``threads`` is not one)
 are never averaged as seeds: such keys join the column label (and a WARNING says so). A cell with
 fewer complete seeds than the table (every seed any run of the table used) is listed with its n and
 the missing seeds. When the complete runs of a column differ in a local-training value actually used

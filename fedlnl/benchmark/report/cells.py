@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 
 from fedlnl.benchmark.setting import EXTRAS as SETTING_EXTRAS
+from fedlnl.conf.keys import NON_RESULT_KEYS
 from fedlnl.methods.common.families import FAMILIES
 
 
@@ -28,7 +29,7 @@ def resolve_key(frame: pd.DataFrame, key: str) -> str:
     raise KeyError(f"unknown key {key!r}; try a summary key, a setting key or config.<dotted.key>")
 
 
-def _canon(value):
+def canon(value):
     """A hashable, NaN-free form of a cell value (NaN -> None, numpy scalars -> Python)."""
     if isinstance(value, np.generic):
         value = value.item()
@@ -39,8 +40,8 @@ def _canon(value):
     return value
 
 
-def _sort_key(value) -> tuple:
-    value = _canon(value)
+def sort_key(value) -> tuple:
+    value = canon(value)
     if value is None:
         return (0, 0.0, "")
     if isinstance(value, (int, float)):
@@ -48,8 +49,8 @@ def _sort_key(value) -> tuple:
     return (2, 0.0, str(value))
 
 
-def _fmt(value) -> str:
-    value = _canon(value)
+def fmt(value) -> str:
+    value = canon(value)
     if value is None:
         return "none"
     if isinstance(value, float):
@@ -58,7 +59,7 @@ def _fmt(value) -> str:
 
 
 def _varies(frame: pd.DataFrame, key: str) -> bool:
-    return key in frame and len({_canon(v) for v in frame[key]}) > 1
+    return key in frame and len({canon(v) for v in frame[key]}) > 1
 
 
 def column_parts(frame: pd.DataFrame, rows: str, by: Sequence[str] = ()) -> list[tuple]:
@@ -67,7 +68,7 @@ def column_parts(frame: pd.DataFrame, rows: str, by: Sequence[str] = ()) -> list
     parts = [(k,) for k in ("method", "dataset", "model") if _varies(frame, k)]
     if "rho" in frame or "tau" in frame:
         parts.append(("rho", "tau"))
-    partition = frame["partition"].map(_canon) if "partition" in frame else pd.Series(dtype=object)
+    partition = frame["partition"].map(canon) if "partition" in frame else pd.Series(dtype=object)
     if (partition.notna() & (partition != "iid")).any() or _varies(frame, "partition"):
         parts.append(("partition", "p", "alpha"))
     if _varies(frame, "num_clients"):
@@ -78,40 +79,40 @@ def column_parts(frame: pd.DataFrame, rows: str, by: Sequence[str] = ()) -> list
     return [part for part in parts if rows not in part]
 
 
-def _part_label(part: tuple[str, ...], run: pd.Series) -> str:
+def part_label(part: tuple[str, ...], run: pd.Series) -> str:
     value = {k: run.get(k) for k in part}
     if part == ("rho", "tau"):
-        if _canon(value["rho"]) is None:  # real noise (CIFAR-10N) or noise=mixed (groups): named by kind
-            words = [_fmt(run.get(k)) for k in ("setting.noise", "config.noise.label_set")
-                     if _canon(run.get(k)) is not None]
-            return " ".join(words + ([f"τ={_fmt(value['tau'])}"] if _canon(value["tau"]) is not None else []))
-        return f"({_fmt(value['rho'])},{_fmt(value['tau'])})"
+        if canon(value["rho"]) is None:  # real noise (CIFAR-10N) or noise=mixed (groups): named by kind
+            words = [fmt(run.get(k)) for k in ("setting.noise", "config.noise.label_set")
+                     if canon(run.get(k)) is not None]
+            return " ".join(words + ([f"τ={fmt(value['tau'])}"] if canon(value["tau"]) is not None else []))
+        return f"({fmt(value['rho'])},{fmt(value['tau'])})"
     if part == ("partition", "p", "alpha"):
-        kind = _canon(value["partition"])
+        kind = canon(value["partition"])
         if kind == "iid":
             return "IID"
         if kind == "dirichlet":
-            return f"dirichlet (α={_fmt(value['alpha'])})"
+            return f"dirichlet (α={fmt(value['alpha'])})"
         if kind not in (None, "noniid"):  # shards, classes: their own keys (s, k) label themselves
             return str(kind)
-        return f"non-IID ({_fmt(value['p'])},{_fmt(value['alpha'])})"
+        return f"non-IID ({fmt(value['p'])},{fmt(value['alpha'])})"
     (key,) = part
-    if key.startswith("setting.") and key[len("setting."):] in EXTRAS and _canon(value[key]) is None:
+    if key.startswith("setting.") and key[len("setting."):] in EXTRAS and canon(value[key]) is None:
         return ""  # an option of another partition / noise kind (e.g. s= on a classes run)
-    if key in ("setting.noise", "setting.label_set") and _canon(run.get("rho")) is None:
+    if key in ("setting.noise", "setting.label_set") and canon(run.get("rho")) is None:
         return ""  # real or mixed noise: the (rho, tau) part already names it
     if key == "num_clients":
-        return f"N={_fmt(value[key])}"
+        return f"N={fmt(value[key])}"
     if key in ("method", "dataset", "model"):
-        return _fmt(value[key])
-    return f"{key.split('.')[-1]}={_fmt(value[key])}"
+        return fmt(value[key])
+    return f"{key.split('.')[-1]}={fmt(value[key])}"
 
 
 def with_columns(frame: pd.DataFrame, rows: str, by: Sequence[str] = ()):
     """Runs that have a row value, with their ``column`` label; plus the column labels in order
     and the keys behind them. Config keys in which complete runs of one cell differ (anything but
     the seed and the bookkeeping keys) become column keys too, so a cell only pools seeds."""
-    runs = frame[frame[rows].map(_canon).notna()].copy() if rows in frame else frame.iloc[:0].copy()
+    runs = frame[frame[rows].map(canon).notna()].copy() if rows in frame else frame.iloc[:0].copy()
     parts = column_parts(runs, rows, by)
     runs, columns, keys = _labelled(runs, parts)
     split = pooling_keys(runs, rows)
@@ -122,17 +123,16 @@ def with_columns(frame: pd.DataFrame, rows: str, by: Sequence[str] = ()):
 
 def _labelled(runs: pd.DataFrame, parts: list[tuple]):
     keys = [k for part in parts for k in part if k in runs]
-    labels = [" ".join(filter(None, (_part_label(p, run) for p in parts))) or "all"
+    labels = [" ".join(filter(None, (part_label(p, run) for p in parts))) or "all"
               for _, run in runs.iterrows()]
-    orders = [tuple(_sort_key(run.get(k)) for k in keys) for _, run in runs.iterrows()]
+    orders = [tuple(sort_key(run.get(k)) for k in keys) for _, run in runs.iterrows()]
     runs = runs.assign(column=pd.Series(labels, index=runs.index, dtype=object))
     columns = list(dict.fromkeys(lab for _, lab in sorted(zip(orders, labels))))
     return runs, columns, keys
 
 
-#: config keys that never change a result (bookkeeping), besides the seed
-BOOKKEEPING = ("seed", "logger", "name", "preset", "checkpoint_every", "skip_complete", "device",
-               "threads", "hydra")
+#: config keys over which a cell's runs are pooled: the seed and the keys that never change a result
+BOOKKEEPING = ("seed", *NON_RESULT_KEYS)
 
 
 def pooling_keys(runs: pd.DataFrame, rows: str) -> list[str]:
@@ -142,10 +142,10 @@ def pooling_keys(runs: pd.DataFrame, rows: str) -> list[str]:
     names = [k for k in done if k.startswith("config.") and k.split(".")[1] not in BOOKKEEPING]
     if done.empty or not names:
         return []
-    cell = done[rows].map(lambda v: str(_canon(v))) + "\x00" + done["column"].astype(str)
+    cell = done[rows].map(lambda v: str(canon(v))) + "\x00" + done["column"].astype(str)
     varying = []
     for name in names:
-        values = done[name].map(lambda v: str(_canon(v)))
+        values = done[name].map(lambda v: str(canon(v)))
         if (values.groupby(cell).nunique() > 1).any():
             varying.append(name)
     return varying
@@ -163,13 +163,13 @@ def row_families(runs: pd.DataFrame, rows: str) -> dict | None:
     if rows == "family" or "family" not in runs or rows not in runs:
         return None
     found: dict = {}
-    for row, family in zip(map(_canon, runs[rows]), map(_canon, runs["family"])):  # Series.map: None -> NaN
+    for row, family in zip(map(canon, runs[rows]), map(canon, runs["family"])):  # Series.map: None -> NaN
         if row is not None:
             found.setdefault(row, set()).update([] if family is None else [str(family)])
     if not any(found.values()) or any(len(f) > 1 for f in found.values()):
         return None
     families = {row: next(iter(f)) if f else OTHER_FAMILY for row, f in found.items()}
-    order = sorted(families, key=lambda row: (family_key(families[row]), _sort_key(row)))  # the tables' order
+    order = sorted(families, key=lambda row: (family_key(families[row]), sort_key(row)))  # the tables' order
     return {row: families[row] for row in order}
 
 
@@ -181,34 +181,34 @@ def family_key(family: str) -> tuple:
     return (2, 0, "") if family == OTHER_FAMILY else (1, 0, str(family))
 
 
-def _row_values(runs: pd.DataFrame, rows: str) -> list:
+def row_values(runs: pd.DataFrame, rows: str) -> list:
     """The rows in table order: grouped by family (:func:`family_key`) when the runs record one, by
     name (numbers by value) within a family, so a method's ablation variants follow it."""
     families = row_families(runs, rows)
     if families is not None:
         return list(families)
-    return sorted({_canon(v) for v in runs[rows]}, key=_sort_key)
+    return sorted({canon(v) for v in runs[rows]}, key=sort_key)
 
 
-def _cells(runs: pd.DataFrame, rows: str, columns: list[str], keys: list[str]):
+def each_cell(runs: pd.DataFrame, rows: str, columns: list[str], keys: list[str]):
     """Yield (row value, column label, key values of the column, runs of the cell)."""
     key_values = {c: runs.loc[runs["column"] == c, keys].iloc[0].to_dict() for c in columns}
-    row_of = runs[rows].map(_canon)
-    for row in _row_values(runs, rows):
+    row_of = runs[rows].map(canon)
+    for row in row_values(runs, rows):
         for column in columns:
             cell = runs[(row_of == row) & (runs["column"] == column)]
             yield row, column, key_values[column], cell
 
 
-def _complete(cell: pd.DataFrame) -> pd.DataFrame:
+def complete_runs(cell: pd.DataFrame) -> pd.DataFrame:
     return cell[cell["status"] == "complete"]
 
 
-def _tuples(table: pd.DataFrame, *columns: str):
+def tuples(table: pd.DataFrame, *columns: str):
     return zip(*(table[c].tolist() for c in columns))
 
 
-def _pivot(table: pd.DataFrame, rows: str, value: str) -> pd.DataFrame:
+def pivot(table: pd.DataFrame, rows: str, value: str) -> pd.DataFrame:
     row_order = list(dict.fromkeys(table[rows]))
     column_order = list(dict.fromkeys(table["column"]))
     grid = table.pivot(index=rows, columns="column", values=value)

@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pandas as pd
 
-from fedlnl.benchmark import plots
-from fedlnl.benchmark.report import html, stats, wandb_log
-from fedlnl.benchmark.report.cells import (NOT_RUN, OTHER_FAMILY, _canon, _fmt, resolve_key, row_families,
+from fedlnl.benchmark.metrics import summary_metrics
+from fedlnl.benchmark.report import html, plots, stats, wandb_log
+from fedlnl.benchmark.report.cells import (NOT_RUN, OTHER_FAMILY, canon, fmt, resolve_key, row_families,
                                            with_columns)
 from fedlnl.benchmark.report.commands import run_commands
-from fedlnl.benchmark.report.figures import FIGURE_MODES, _write_figures
+from fedlnl.benchmark.report.figures import FIGURE_MODES, write_figures
 from fedlnl.benchmark.report.loading import ReportInputError, load_summaries
 from fedlnl.benchmark.report.reference import (add_missing_cells, drop_empty_columns, load_reference, matches,
                                                missing_cells, missing_summary, reference_note, reference_paths,
@@ -28,9 +28,11 @@ from fedlnl.benchmark.report.tables import (accuracy_grid, accuracy_table, colum
                                             to_markdown, with_family)
 
 log = logging.getLogger(__name__)
-METRICS = ("best_acc", "final_acc", "last10_acc", "best_balanced_acc", "final_balanced_acc", "last10_balanced_acc")
+BEST, FINAL, LAST = summary_metrics("acc")
+BEST_BALANCED, FINAL_BALANCED, LAST_BALANCED = summary_metrics("balanced_acc")
+METRICS = (BEST, FINAL, LAST, BEST_BALANCED, FINAL_BALANCED, LAST_BALANCED)
 #: ``--metric`` shorthands: (metric, default --beside)
-ALIASES = {"acc": ("best_acc", "last10_acc"), "balanced_acc": ("best_balanced_acc", "last10_balanced_acc")}
+ALIASES = {"acc": (BEST, LAST), "balanced_acc": (BEST_BALANCED, LAST_BALANCED)}
 
 #: values ``fidelity=reference`` takes from the official code where the papers publish no setting
 CODE_DEFAULTS = (
@@ -52,7 +54,7 @@ class Metric:
     """What the tables show: ``main`` (bold, tests, paper values), ``beside`` it, the summaries'
     cost dict and the metrics.jsonl column the curves are drawn from."""
     main: str = "best_acc"
-    beside: str | None = "last10_acc"
+    beside: str | None = LAST
 
     @property
     def balanced(self) -> bool:
@@ -74,7 +76,7 @@ class Metric:
 def resolve_metric(metric: str, beside: str | None = "auto") -> Metric:
     """``--metric`` (an alias or a summary key) and ``--beside`` ("auto": last-10 of the same
     accuracy, "none": nothing) as a :class:`Metric`."""
-    main, auto = ALIASES.get(metric, (metric, "last10_balanced_acc" if "balanced" in metric else "last10_acc"))
+    main, auto = ALIASES.get(metric, (metric, LAST_BALANCED if "balanced" in metric else LAST))
     if beside == "auto":
         beside = auto
     return Metric(main, None if beside in (None, "none") else ALIASES.get(beside, (beside,))[0])
@@ -134,7 +136,7 @@ def write_report(frame: pd.DataFrame, out: Path, rows: str = "method", by: Seque
     _write_tables(rep, frame, out, rows, by, ratio_to, reference)
     _write_statistics(rep, out, rows, draw=figures != "none")
     if figures != "none":
-        _write_figures(frame, out, rows, by, figures, metric.curve)
+        write_figures(frame, out, rows, by, figures, metric.curve)
     text = main_text(rep)
     (out / "accuracy.md").write_text(text + "\nThe full notes: notes.md; statistics: stats.md.\n")
     (out / "notes.md").write_text(notes_markdown(rep))
@@ -199,7 +201,7 @@ def _against_best_records(table: pd.DataFrame, rows: str) -> list[dict]:
 
 
 def _json_value(value):
-    value = _canon(value)
+    value = canon(value)
     return None if isinstance(value, float) and math.isnan(value) else value
 
 
@@ -208,36 +210,13 @@ def stats_brief(st: dict) -> list[str]:
     lines = []
     fr = st.get("friedman") or {}
     if fr.get("mean_rank"):
-        ranks = ", ".join(f"{_fmt(r)} {v:.2f}" for r, v in fr["mean_rank"].items())
+        ranks = ", ".join(f"{fmt(r)} {v:.2f}" for r, v in fr["mean_rank"].items())
         lines.append(f"Mean rank of {st['metric']} over {fr['n']} cell(s) (1 = best): {ranks}.")
-    lines.append("Friedman test: " + friedman_text(fr))
+    lines.append("Friedman test: " + stats.friedman_text(fr))
     ag = st.get("agreement")
     if ag is not None:
-        lines.append("Agreement with the paper's ordering: " + agreement_text(ag))
+        lines.append("Agreement with the paper's ordering: " + stats.agreement_text(ag))
     return lines
-
-
-def friedman_text(fr: dict) -> str:
-    if fr.get("status") != "ok":
-        return str(fr.get("status", stats.NOT_ENOUGH)) + "."
-    dropped = ""
-    if fr["dropped_rows"] or fr["dropped_columns"]:
-        dropped = (f" (cells without gaps only: left out {len(fr['dropped_rows'])} row(s), "
-                   f"{len(fr['dropped_columns'])} column(s))")
-    approx = " (χ² approximation, indicative with fewer than 10 cells)" if fr["n"] < 10 else ""
-    return (f"χ²_F = {fr['statistic']:.2f}, p = {fr['p']:.3g}{approx} over k = {fr['k']} methods and N = {fr['n']} "
-            f"cells{dropped}; Nemenyi critical difference at α = {fr['alpha']:g}: CD = {fr['cd']:.2f} "
-            "(methods whose mean ranks differ by less are not significantly different; cd_diagram.png).")
-
-
-def agreement_text(ag: dict) -> str:
-    pooled = ag["pooled"]
-    if not ag["cells"]:
-        return f"{stats.NOT_ENOUGH}: no cell has ours and the paper's value for 2 methods or more."
-    per = "; ".join(f"{c['column']} τ = {c['tau']:.2f} ({c['n_methods']} methods)" for c in ag["cells"])
-    return (f"Kendall τ_b per cell: {per}. Pooled over {pooled['columns']} cell(s): τ = {pooled['tau']:.2f} "
-            f"({pooled['concordant']} of {pooled['pairs']} method pairs in the paper's order, "
-            f"{pooled['discordant']} reversed). agreement.csv has every cell.")
 
 
 def _write_statistics(rep: Report, out: Path, rows: str, draw: bool = True) -> None:
@@ -273,7 +252,7 @@ def _finite(value):
 
 
 def _json_default(value):
-    value = _canon(value)
+    value = canon(value)
     return None if value is None else str(value)
 
 
@@ -330,7 +309,7 @@ def notes(full: pd.DataFrame, frame: pd.DataFrame, rows: str, by: Sequence[str],
     if lacking:
         log.warning("%s", lacking.line)
         found.append(lacking)
-    unknown = sorted((_fmt(r) for r, f in (families or {}).items() if f == OTHER_FAMILY), key=str)
+    unknown = sorted((fmt(r) for r, f in (families or {}).items() if f == OTHER_FAMILY), key=str)
     if unknown:
         found.append(Note("family", f"{len(unknown)} row(s) grouped under '{OTHER_FAMILY}': none of their runs "
                                     "records a method family (summary.json written before the runner recorded "
@@ -351,7 +330,7 @@ def lacking_metric(frame: pd.DataFrame, metric: Metric) -> Note | None:
     recorded balanced accuracy): one line, never a crash."""
     done = frame[frame["status"] == "complete"] if "status" in frame else frame.iloc[:0]
     present = [k for k in metric.shown if k in done]
-    held = done[present].apply(lambda c: c.map(_canon)).notna().any(axis=1) if present else False
+    held = done[present].apply(lambda c: c.map(canon)).notna().any(axis=1) if present else False
     without = done[~held] if present else done
     if without.empty:
         return None
@@ -447,7 +426,7 @@ def matches_any(frame: pd.DataFrame, reference: pd.DataFrame) -> bool:
     """Whether any run (of any status) is a cell of the reference table."""
     cells = reference.drop_duplicates(subset=["method", "variant", "dataset", "model", "partition", "rho", "tau",
                                               "p", "alpha"])
-    idents = [run_identity(r) for _, r in frame.iterrows() if _canon(r.get("method")) is not None]
+    idents = [run_identity(r) for _, r in frame.iterrows() if canon(r.get("method")) is not None]
     return any(matches(c, i) for _, c in cells.iterrows() for i in idents)
 
 

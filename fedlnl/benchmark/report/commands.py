@@ -10,7 +10,7 @@ from pathlib import Path
 import pandas as pd
 from omegaconf import OmegaConf
 
-from fedlnl.benchmark.report.cells import NOT_RUN, _canon
+from fedlnl.benchmark.report.cells import NOT_RUN, canon
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +44,7 @@ def run_command(run_dir: Path) -> str | None:
 def run_commands(frame: pd.DataFrame) -> dict:
     """{"sweeps": [one command per multirun.yaml beside the runs], "runs": [(run dir, command)]}."""
     paths = [Path(str(p)) for p, s in zip(frame.get("path", []), frame.get("status", []))
-             if _canon(p) not in (None, "") and s != NOT_RUN]
+             if canon(p) not in (None, "") and s != NOT_RUN]
     sweeps = sorted({p.parent / "multirun.yaml" for p in paths if (p.parent / "multirun.yaml").is_file()})
     return {"sweeps": [c for c in map(sweep_command, sweeps) if c],
             "runs": [(str(p), c) for p in sorted(paths) if (c := run_command(p))]}

@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from fedlnl.benchmark import plots
-from fedlnl.benchmark.report.cells import (OTHER_FAMILY, _canon, _complete, _fmt, _row_values, _sort_key,
+from fedlnl.benchmark.report import plots
+from fedlnl.benchmark.report.cells import (OTHER_FAMILY, canon, complete_runs, fmt, row_values, sort_key,
                                            family_key, row_families, with_columns)
 from fedlnl.benchmark.report.loading import read_metrics
 
@@ -32,11 +32,11 @@ def curves(frame: pd.DataFrame, rows: str = "method", by: Sequence[str] = (), cu
     metrics.jsonl of complete runs, columns and rows in table order; ``curve``: the metrics.jsonl
     column (``acc``, or ``balanced_acc``: mean per-class recall)."""
     runs, columns, _ = with_columns(frame, rows, by)
-    runs = _complete(runs)
+    runs = complete_runs(runs)
     out: dict = {}
     for column in columns:
-        for row in _row_values(runs, rows):
-            cell = runs[(runs["column"] == column) & (runs[rows].map(_canon) == row)]
+        for row in row_values(runs, rows):
+            cell = runs[(runs["column"] == column) & (runs[rows].map(canon) == row)]
             series = [s for s in (_run_curve(p, curve) for p in cell["path"]) if s is not None]
             if series:
                 out.setdefault(column, {})[row] = mean_curve(series)
@@ -70,17 +70,17 @@ def figure_runs(frame: pd.DataFrame, rows: str, by: Sequence[str], mode: str) ->
     if mode == "none":
         return []
     runs, columns, _ = with_columns(frame, rows, by)
-    runs = _complete(runs)
-    runs = runs.assign(_seed=[_sort_key(s) for s in runs.get("seed", [None] * len(runs))])
+    runs = complete_runs(runs)
+    runs = runs.assign(_seed=[sort_key(s) for s in runs.get("seed", [None] * len(runs))])
     runs = runs.sort_values(["_seed", "path"], kind="stable")
     if mode == "summary":
         runs = runs.drop_duplicates(subset=[rows, "column"], keep="first")
     out = []
     for column in columns:
         for _, run in runs[runs["column"] == column].iterrows():
-            seed = _fmt(run.get("seed"))
-            name = "_".join(_slug(part) for part in (_fmt(run[rows]), column, f"seed{seed}"))
-            out.append((Path(run["path"]), name, f"{_fmt(run[rows])}, {column}, seed {seed}"))
+            seed = fmt(run.get("seed"))
+            name = "_".join(_slug(part) for part in (fmt(run[rows]), column, f"seed{seed}"))
+            out.append((Path(run["path"]), name, f"{fmt(run[rows])}, {column}, seed {seed}"))
     return out
 
 
@@ -221,7 +221,7 @@ def line_groups(names: list, families: dict | None, baseline: str | None = BASEL
     return groups
 
 
-def _write_figures(frame: pd.DataFrame, out: Path, rows: str, by: Sequence[str], mode: str,
+def write_figures(frame: pd.DataFrame, out: Path, rows: str, by: Sequence[str], mode: str,
                    curve: str = "acc") -> None:
     lines = curves(frame, rows, by, curve)
     if lines:

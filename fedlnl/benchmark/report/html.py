@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from fedlnl.benchmark.report.cells import _fmt
+from fedlnl.benchmark.report.cells import fmt
+from fedlnl.benchmark.report.stats import agreement_text, friedman_text
 from fedlnl.benchmark.report.tables import family_headings, with_family
 
 STYLE = """
@@ -45,7 +46,7 @@ def grid_html(text: pd.DataFrame, name: str, bold: pd.DataFrame | None = None, c
             body.append(f'<tr class="family"><th colspan="{len(values) + 1}">{_e(heading)}</th></tr>')
         marks = bold.loc[row] if bold is not None else [False] * len(values)
         cells = "".join(f'<td class="best">{_e(v)}</td>' if b else f"<td>{_e(v)}</td>" for v, b in zip(values, marks))
-        body.append(f"<tr><th>{_e(_fmt(row))}</th>{cells}</tr>")
+        body.append(f"<tr><th>{_e(fmt(row))}</th>{cells}</tr>")
     cap = f'<p class="caption">{_e(caption)}</p>' if caption else ""
     return (f'{cap}<div class="wrap"><table data-name="{_e(name)}"><thead><tr>{head}</tr></thead>'
             f"<tbody>{''.join(body)}</tbody></table></div>")
@@ -72,8 +73,6 @@ def details(summary: str, inner: str, open_: bool = False) -> str:
 
 def write_html(rep, out: Path) -> Path:
     """report.html in ``out`` from a :class:`cli.Report` and the PNG files already written there."""
-    from fedlnl.benchmark.report.cli import agreement_text, friedman_text
-
     st = rep.statistics
     text, bold = rep.grid
     parts = [f"<h1>{_e(rep.title)}</h1>",

@@ -8,10 +8,11 @@ from pathlib import Path
 import pandas as pd
 from omegaconf import OmegaConf
 
+from fedlnl.benchmark.metrics import summary_metrics
 from fedlnl.benchmark.setting import setting_of
 
 from fedlnl.conf import resolvers  # noqa: F401 (${fidelity:...} in Hydra configs)
-from fedlnl.benchmark.report.cells import MISSING, SETTING_KEYS, _canon
+from fedlnl.benchmark.report.cells import MISSING, SETTING_KEYS, canon
 
 log = logging.getLogger(__name__)
 
@@ -19,7 +20,7 @@ class ReportInputError(ValueError):
     """Input the report cannot use: printed as one line, exit code 2."""
 
 
-COMPLETE_KEYS = ("best_acc", "final_acc", "last10_acc", "comm_cost")
+COMPLETE_KEYS = (*summary_metrics("acc"), "comm_cost")
 RUN_FILES = ("summary.json", "metrics.jsonl")
 
 def load_summaries(root: str | Path) -> pd.DataFrame:
@@ -47,8 +48,8 @@ def _with_variants(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 def row_label(method, variant) -> str:
-    variant = _canon(variant)
-    if variant in (None, "") or _canon(method) is None:
+    variant = canon(variant)
+    if variant in (None, "") or canon(method) is None:
         return method
     return f"{method} ({variant})"
 

@@ -9,7 +9,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from fedlnl.benchmark.report.cells import (NOT_RUN, _canon, _fmt, _part_label, _sort_key, column_parts,
+from fedlnl.benchmark.metrics import LAST_K
+from fedlnl.benchmark.report.cells import (NOT_RUN, canon, fmt, part_label, sort_key, column_parts,
                                            with_columns)
 from fedlnl.benchmark.report.loading import COMPLETE_KEYS, row_label
 
@@ -21,7 +22,7 @@ REF_COLUMNS = (*REF_KEYS, "target", "metric", "mean", "std", "source")
 #: recorded ``setting.family``; reference rows are matched on the family
 LEGACY_FAMILIES = {"cifar10_jpeg": "cifar10"}
 #: a run's results (accuracies, costs), never copied into a placeholder of a cell without runs
-RESULT_PREFIXES = ("best_", "final_", "last10_", "cost_to_target")
+RESULT_PREFIXES = ("best_", "final_", f"last{LAST_K}_", "cost_to_target")
 
 def packaged_reference(preset: str) -> Path | None:
     """The paper numbers shipped with fedlnl (``fedlnl/benchmark/reference/<preset>.csv``)."""
@@ -34,7 +35,7 @@ def reference_paths(frame: pd.DataFrame, explicit: str | Path | None = None) -> 
     the current directory (a user's own numbers) or the copy shipped as package data."""
     if explicit is not None:
         return [Path(explicit)]
-    presets = sorted({str(v) for v in frame.get("preset", []) if _canon(v) not in (None, "")})
+    presets = sorted({str(v) for v in frame.get("preset", []) if canon(v) not in (None, "")})
     found = []
     for preset in presets:
         local = Path.cwd() / "results" / "reference" / f"{preset}.csv"
@@ -70,7 +71,7 @@ def read_reference(path: Path) -> pd.DataFrame:
 
 
 def _text(value) -> str:
-    value = _canon(value)
+    value = canon(value)
     return "" if value is None else str(value).strip().lower()
 
 
@@ -83,8 +84,8 @@ def _norm(key: str, value) -> str:
 
 def run_identity(run: Mapping) -> dict:
     """The keys a reference row is matched on, from a run's flattened summary."""
-    ident = {k: _canon(run.get(k)) for k in REF_KEYS}
-    ident["method"] = _canon(run.get("base_method", run.get("method")))
+    ident = {k: canon(run.get(k)) for k in REF_KEYS}
+    ident["method"] = canon(run.get("base_method", run.get("method")))
     ident["dataset"] = dataset_family(run)
     return ident
 
@@ -92,10 +93,10 @@ def run_identity(run: Mapping) -> dict:
 def dataset_family(run: Mapping):
     """The run's dataset family (``setting.family``: cifar10 for cifar10 and cifar10_jpeg), else
     the legacy alias of its dataset name."""
-    family = _canon(run.get("setting.family"))
+    family = canon(run.get("setting.family"))
     if family is not None:
         return family
-    dataset = _canon(run.get("dataset"))
+    dataset = canon(run.get("dataset"))
     return None if dataset is None else LEGACY_FAMILIES.get(_text(dataset), dataset)
 
 
@@ -110,8 +111,8 @@ def matches(ref_row: Mapping, ident: Mapping) -> bool:
         if theirs and ours and theirs != ours:
             return False
     for key in ("rho", "tau", "p", "alpha"):
-        theirs, ours = ref_row[key], _canon(ident.get(key))
-        if _canon(theirs) is None:
+        theirs, ours = ref_row[key], canon(ident.get(key))
+        if canon(theirs) is None:
             continue
         if not isinstance(ours, (int, float)) or abs(float(ours) - float(theirs)) > 1e-9:
             return False
@@ -124,7 +125,7 @@ def reference_row(reference: pd.DataFrame, ident: Mapping, metric: str, target: 
     if target is not None:
         rows = rows[np.isclose(rows["target"].astype(float), target)]
     hits = [row for _, row in rows.iterrows() if matches(row, ident)]
-    if len({(_canon(h["mean"]), _canon(h["std"])) for h in hits}) > 1:
+    if len({(canon(h["mean"]), canon(h["std"])) for h in hits}) > 1:
         log.warning("several reference values for %s %s; using the first (%s)", ident.get("method"),
                     metric, hits[0]["source"])
     return hits[0] if hits else None
@@ -140,7 +141,7 @@ def paper_value(reference: pd.DataFrame, ident: Mapping, metric: str) -> dict:
 def cell_identity(runs: pd.DataFrame, rows: str, row, column: str) -> dict:
     """Identity of a table cell: a run of the cell, or for an empty cell a run of its column
     with the row's own keys (method and variant when the rows are methods)."""
-    same_row = runs[rows].map(_canon) == row
+    same_row = runs[rows].map(canon) == row
     in_column = runs["column"] == column
     cell = runs[same_row & in_column]
     if len(cell):
@@ -148,9 +149,9 @@ def cell_identity(runs: pd.DataFrame, rows: str, row, column: str) -> dict:
     ident = run_identity(runs[in_column].iloc[0])
     row_run = runs[same_row].iloc[0]
     if rows == "method":
-        ident.update(method=_canon(row_run.get("base_method")), variant=_canon(row_run.get("variant")))
+        ident.update(method=canon(row_run.get("base_method")), variant=canon(row_run.get("variant")))
     elif rows in ident:
-        ident[rows] = _canon(row_run.get(rows))
+        ident[rows] = canon(row_run.get(rows))
     return ident
 
 
@@ -188,7 +189,7 @@ def _placeholder(frame: pd.DataFrame, cell: pd.Series) -> dict:
         part = "noniid" if _norm("partition", cell["partition"]) == "noniid" else _text(cell["partition"])
         record["partition"] = record["setting.partition"] = part
     for key in ("rho", "tau", "p", "alpha"):
-        if _canon(cell[key]) is not None:
+        if canon(cell[key]) is not None:
             record[key] = record[f"setting.{key}"] = float(cell[key])
         elif key in ("p", "alpha") and record.get("partition") == "iid":
             record[key] = record[f"setting.{key}"] = None
@@ -216,11 +217,11 @@ def missing_summary(frame: pd.DataFrame, rows: str, by: Sequence[str] = ()) -> l
         return []
     parts = column_parts(runs, rows, by)
     lines = []
-    for row in sorted({_canon(v) for v in todo[rows]}, key=_sort_key):
-        cells = todo[todo[rows].map(_canon) == row]
+    for row in sorted({canon(v) for v in todo[rows]}, key=sort_key):
+        cells = todo[todo[rows].map(canon) == row]
         ranges, product = [], 1
         for part in parts:
-            order = sorted(((tuple(_sort_key(r.get(k)) for k in part), _part_label(part, r))
+            order = sorted(((tuple(sort_key(r.get(k)) for k in part), part_label(part, r))
                             for _, r in cells.iterrows()))
             labels = [lab for lab in dict.fromkeys(lab for _, lab in order) if lab]
             if labels:
@@ -228,7 +229,7 @@ def missing_summary(frame: pd.DataFrame, rows: str, by: Sequence[str] = ()) -> l
                 product *= len(labels)
         n = len(cells.drop_duplicates(subset=["column"]))
         combos = f" ({n} of the {product} combinations)" if n < product else ""
-        lines.append(f"- {_fmt(row)}: {n} cell{'s' if n != 1 else ''} not run — " + " × ".join(ranges) + combos)
+        lines.append(f"- {fmt(row)}: {n} cell{'s' if n != 1 else ''} not run — " + " × ".join(ranges) + combos)
     return lines
 
 
@@ -245,7 +246,7 @@ def missing_cells(frame: pd.DataFrame, rows: str, by: Sequence[str] = ()) -> lis
     """'row / column' of every placeholder (a reference cell without any run)."""
     runs, _, _ = with_columns(frame, rows, by)
     todo = runs[runs["status"] == NOT_RUN]
-    return [f"- {_fmt(r[rows])} / {r['column']}" for _, r in todo.iterrows()]
+    return [f"- {fmt(r[rows])} / {r['column']}" for _, r in todo.iterrows()]
 
 
 def shown_path(path: str) -> str:

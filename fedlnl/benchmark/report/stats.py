@@ -247,3 +247,28 @@ def _concordance(x: np.ndarray, y: np.ndarray) -> tuple[int, int]:
             s = np.sign(x[i] - x[j]) * np.sign(y[i] - y[j])
             c, d = c + (s > 0), d + (s < 0)
     return int(c), int(d)
+
+
+def friedman_text(fr: dict) -> str:
+    """The Friedman / Nemenyi result of ``friedman`` in one sentence (report.md, report.html)."""
+    if fr.get("status") != "ok":
+        return str(fr.get("status", NOT_ENOUGH)) + "."
+    dropped = ""
+    if fr["dropped_rows"] or fr["dropped_columns"]:
+        dropped = (f" (cells without gaps only: left out {len(fr['dropped_rows'])} row(s), "
+                   f"{len(fr['dropped_columns'])} column(s))")
+    approx = " (χ² approximation, indicative with fewer than 10 cells)" if fr["n"] < 10 else ""
+    return (f"χ²_F = {fr['statistic']:.2f}, p = {fr['p']:.3g}{approx} over k = {fr['k']} methods and N = {fr['n']} "
+            f"cells{dropped}; Nemenyi critical difference at α = {fr['alpha']:g}: CD = {fr['cd']:.2f} "
+            "(methods whose mean ranks differ by less are not significantly different; cd_diagram.png).")
+
+
+def agreement_text(ag: dict) -> str:
+    """The Kendall agreement with the paper's ordering in one sentence (report.md, report.html)."""
+    pooled = ag["pooled"]
+    if not ag["cells"]:
+        return f"{NOT_ENOUGH}: no cell has ours and the paper's value for 2 methods or more."
+    per = "; ".join(f"{c['column']} τ = {c['tau']:.2f} ({c['n_methods']} methods)" for c in ag["cells"])
+    return (f"Kendall τ_b per cell: {per}. Pooled over {pooled['columns']} cell(s): τ = {pooled['tau']:.2f} "
+            f"({pooled['concordant']} of {pooled['pairs']} method pairs in the paper's order, "
+            f"{pooled['discordant']} reversed). agreement.csv has every cell.")

@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from fedlnl.benchmark.report.cells import (MISSING, NOT_RUN, OTHER_FAMILY, _canon, _cells, _complete, _fmt,
-                                           _pivot, _sort_key, _tuples, with_columns)
+from fedlnl.benchmark.report.cells import (MISSING, NOT_RUN, OTHER_FAMILY, canon, each_cell, complete_runs, fmt,
+                                           pivot, sort_key, tuples, with_columns)
 from fedlnl.benchmark.report import stats
 from fedlnl.benchmark.report.reference import cell_identity, paper_value, reference_row
 
@@ -29,7 +29,7 @@ def accuracy_table(
     p_holm, n_pairs, tested, tie (not significantly worse)."""
     runs, columns, keys = with_columns(frame, rows, by)
     lines = []
-    for row, column, key_values, cell in _cells(runs, rows, columns, keys):
+    for row, column, key_values, cell in each_cell(runs, rows, columns, keys):
         per_seed = seed_values(cell, metric)
         values = np.array(list(per_seed.values()), float)
         line = {rows: row, "column": column, **key_values, "metric": metric,
@@ -50,13 +50,13 @@ def accuracy_table(
 def seed_values(cell: pd.DataFrame, metric: str) -> dict:
     """{seed: metric in %} of the complete runs of a cell that hold the metric (a summary written
     before the runner recorded it lacks it). Several complete runs of one seed: their mean."""
-    done = _complete(cell)
+    done = complete_runs(cell)
     _warn_duplicate_seeds(done, cell)
     out: dict = {}
     seeds = done["seed"] if "seed" in done else pd.Series(range(len(done)), index=done.index)
     for seed, value in zip(seeds, done.get(metric, pd.Series([None] * len(done), index=done.index))):
-        if _canon(value) is not None:
-            out.setdefault(_canon(seed), []).append(100.0 * float(value))
+        if canon(value) is not None:
+            out.setdefault(canon(seed), []).append(100.0 * float(value))
     return {s: float(np.mean(v)) for s, v in out.items()}
 
 
@@ -64,7 +64,7 @@ def column_values(frame: pd.DataFrame, rows: str, by: Sequence[str], metric: str
     """{column: {row: {seed: metric in %}}} over the complete runs of the table."""
     runs, columns, keys = with_columns(frame, rows, by)
     out: dict = {c: {} for c in columns}
-    for row, column, _, cell in _cells(runs, rows, columns, keys):
+    for row, column, _, cell in each_cell(runs, rows, columns, keys):
         values = seed_values(cell, metric)
         if values:
             out[column][row] = values
@@ -78,7 +78,7 @@ def with_tests(table: pd.DataFrame, values: dict, rows: str, test: stats.Test) -
              for row, res in stats.against_best(col, test).items()}
     fields = ("best", "p", "p_holm", "n_pairs", "tested", "tie")
     default = {"best": False, "p": np.nan, "p_holm": np.nan, "n_pairs": 0, "tested": False, "tie": False}
-    cols = {f: [found.get((r, c), default)[f] for r, c in _tuples(table, rows, "column")] for f in fields}
+    cols = {f: [found.get((r, c), default)[f] for r, c in tuples(table, rows, "column")] for f in fields}
     return table.assign(is_best=cols["best"], p=cols["p"], p_holm=cols["p_holm"], n_pairs=cols["n_pairs"],
                         tested=cols["tested"], tie=cols["tie"])
 
@@ -101,11 +101,11 @@ def accuracy_cell(mean: float, std: float, n: int, n_incomplete: int, ci_low: fl
     if n == 0:
         text = MISSING + (f" ({n_incomplete} incomplete)" if n_incomplete else "")
     else:
-        ci = f" [{ci_low:.2f}, {ci_high:.2f}]" if _canon(ci_low) is not None else ""
+        ci = f" [{ci_low:.2f}, {ci_high:.2f}]" if canon(ci_low) is not None else ""
         text = f"{mean:.2f} ± {std:.2f}{ci} (n={n}{extra})" + (f" {TIE_MARK}" if mark else "")
-    if _canon(paper_mean) is None:
+    if canon(paper_mean) is None:
         return text
-    text += f"; paper {paper_mean:.2f}" + (f" ± {paper_std:.2f}" if _canon(paper_std) is not None else "")
+    text += f"; paper {paper_mean:.2f}" + (f" ± {paper_std:.2f}" if canon(paper_std) is not None else "")
     return text + (f", Δ {mean - paper_mean:+.2f}" if n else "")
 
 
@@ -120,11 +120,11 @@ def accuracy_grid(table: pd.DataFrame, rows: str) -> tuple[pd.DataFrame, pd.Data
     fields = ["mean", "std", "n", "n_incomplete", "ci_low", "ci_high"]
     fields += ["paper_mean", "paper_std"] if "paper_mean" in table else []
     texts = []
-    for values, mark in zip(_tuples(table, *fields), table["mark"]):
+    for values, mark in zip(tuples(table, *fields), table["mark"]):
         named = dict(zip(fields, values))
         texts.append(accuracy_cell(**named, mark=bool(mark)))
     table = table.assign(text=texts)
-    return _pivot(table, rows, "text"), _pivot(table, rows, "bold")
+    return pivot(table, rows, "text"), pivot(table, rows, "bold")
 
 
 def stats_caption(table: pd.DataFrame, test: stats.Test) -> str:
@@ -163,10 +163,10 @@ def comm_table(
     paper's cost to each target (``paper``: the number, "-" = never reached, "" = not in the
     reference), paper_mean, paper_ratio and diff = mean − paper_mean."""
     runs, columns, keys = with_columns(frame, rows, by)
-    targets = _targets(_complete(runs))
+    targets = _targets(complete_runs(runs))
     lines = []
-    for row, column, key_values, cell in _cells(runs, rows, columns, keys):
-        done = _complete(cell)
+    for row, column, key_values, cell in each_cell(runs, rows, columns, keys):
+        done = complete_runs(cell)
         base = {rows: row, "column": column, **key_values, "curve": COST_CURVES[cost_key], "n": len(done)}
         total = _mean_reached(done.get("comm_cost", []))
         lines.append({**base, "quantity": "total", "target": "", **total})
@@ -204,7 +204,7 @@ COST_CURVES = {"cost_to_target": "acc", "cost_to_target_balanced": "balanced_acc
 
 def _targets(done: pd.DataFrame, cost_key: str = "cost_to_target") -> list[str]:
     found = {t for c in done.get(cost_key, []) if isinstance(c, dict) for t in c}
-    return sorted(found, key=lambda t: _sort_key(_as_float(t)))
+    return sorted(found, key=lambda t: sort_key(_as_float(t)))
 
 
 def _as_float(text: str):
@@ -215,7 +215,7 @@ def _as_float(text: str):
 
 
 def _mean_reached(costs: pd.Series) -> dict:
-    reached = [float(c) for c in costs if _canon(c) is not None]
+    reached = [float(c) for c in costs if canon(c) is not None]
     return {"mean": float(np.mean(reached)) if reached else np.nan, "n_reached": len(reached)}
 
 
@@ -270,7 +270,7 @@ def comm_sections(table: pd.DataFrame, rows: str, ratio_to=None) -> tuple[list[t
         table = table.assign(paper="", paper_ratio=np.nan)
     table = table.assign(text=[
         comm_cell(m, k, n, r, row == ratio_to, pp, pr)
-        for m, k, n, r, row, pp, pr in _tuples(table, "mean", "n_reached", "n", "ratio", rows, "paper",
+        for m, k, n, r, row, pp, pr in tuples(table, "mean", "n_reached", "n", "ratio", rows, "paper",
                                                  "paper_ratio")
     ])
     ratio = f" (ratio to {ratio_to} in brackets)" if ratio_to is not None else ""
@@ -280,7 +280,7 @@ def comm_sections(table: pd.DataFrame, rows: str, ratio_to=None) -> tuple[list[t
     for (quantity, target), part in table.groupby(["quantity", "target"], sort=False):
         title = ("Total communication cost (client participations)" if quantity == "total"
                  else f"Communication cost to reach {_target_label(target)} {curve}")
-        sections.append((title + ratio, _pivot(part, rows, "text")))
+        sections.append((title + ratio, pivot(part, rows, "text")))
     note = "'-' = never reached; [k/n] = mean over the k of n seeds that reached it.\n"
     if (table["paper"] != "").any():
         note += "paper = the published cost (ratio to the same row); Δ = ours − paper.\n"
@@ -314,7 +314,7 @@ def family_headings(index, families: dict | None):
     row of each family (the grid is ordered by family), else None. No grouping without ``families``."""
     previous = object()
     for row in index:
-        family = None if families is None else families.get(_canon(row), OTHER_FAMILY)
+        family = None if families is None else families.get(canon(row), OTHER_FAMILY)
         yield (family if family != previous else None), row
         previous = family
 
@@ -325,7 +325,7 @@ def with_family(table: pd.DataFrame, rows: str, families: dict | None) -> pd.Dat
         return table
     table = table.drop(columns="family", errors="ignore")  # a copy
     table.insert(table.columns.get_loc(rows) + 1, "family",
-                 [families.get(_canon(r), OTHER_FAMILY) for r in table[rows]])
+                 [families.get(canon(r), OTHER_FAMILY) for r in table[rows]])
     return table
 
 
@@ -338,7 +338,7 @@ def to_markdown(text: pd.DataFrame, bold: pd.DataFrame | None = None, families: 
             lines.append("| " + " | ".join([f"*{heading}*", *[""] * len(values)]) + " |")
         marks = bold.loc[row] if bold is not None else [False] * len(values)
         cells = [f"**{v}**" if b else str(v) for v, b in zip(values, marks)]
-        lines.append("| " + " | ".join([_fmt(row), *cells]) + " |")
+        lines.append("| " + " | ".join([fmt(row), *cells]) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -366,7 +366,7 @@ def to_latex(text: pd.DataFrame, bold: pd.DataFrame | None = None, comment: str 
         marks = bold.loc[row] if bold is not None else [False] * len(values)
         cells = [f"\\textbf{{{latex_escape(v)}}}" if b else latex_escape(v)
                  for v, b in zip(values, marks)]
-        lines.append(" & ".join([latex_escape(_fmt(row)), *cells]) + r" \\")
+        lines.append(" & ".join([latex_escape(fmt(row)), *cells]) + r" \\")
     lines += ["\\bottomrule", "\\end{tabular}"]
     return "\n".join(lines) + "\n"
 
@@ -374,7 +374,7 @@ def to_latex(text: pd.DataFrame, bold: pd.DataFrame | None = None, comment: str 
 def incomplete_runs(frame: pd.DataFrame, rows: str) -> list[str]:
     """One line per run that is not complete: path, status and row value if known."""
     bad = frame[~frame["status"].isin(["complete", NOT_RUN])]
-    return [f"- {r['path']}: {r['status']} ({rows}={_fmt(r.get(rows))})" for _, r in bad.iterrows()]
+    return [f"- {r['path']}: {r['status']} ({rows}={fmt(r.get(rows))})" for _, r in bad.iterrows()]
 
 
 
@@ -388,15 +388,15 @@ def missing_seeds(frame: pd.DataFrame, rows: str, by: Sequence[str] = ()) -> lis
     Cells without any complete run are left out: the table shows them as missing."""
     runs, columns, keys = with_columns(frame, rows, by)
     real = runs[runs["status"] != NOT_RUN]
-    seeds = sorted({_canon(s) for s in real.get("seed", [])} - {None}, key=_sort_key)
+    seeds = sorted({canon(s) for s in real.get("seed", [])} - {None}, key=sort_key)
     lines = []
     columns = [c for c in columns if (real["column"] == c).any()]
-    for row, column, _, cell in _cells(real, rows, columns, keys):
-        have = {_canon(s) for s in _complete(cell).get("seed", [])}
+    for row, column, _, cell in each_cell(real, rows, columns, keys):
+        have = {canon(s) for s in complete_runs(cell).get("seed", [])}
         lacking = [s for s in seeds if s not in have]
         if lacking and have and len(seeds) > 1:  # n = 0 shows as "missing" in the table
-            lines.append(f"- {_fmt(row)} / {column}: n={len(have)}, missing seeds "
-                         + ", ".join(map(_fmt, lacking)))
+            lines.append(f"- {fmt(row)} / {column}: n={len(have)}, missing seeds "
+                         + ", ".join(map(fmt, lacking)))
     return lines
 
 
@@ -405,7 +405,7 @@ def effective_diffs(frame: pd.DataFrame, rows: str, by: Sequence[str] = ()) -> d
     runs differ in a local-training value actually used (``effective.*`` of the summaries: lr,
     epochs, batch size, FedCorr+X's stage3, ...)."""
     runs, columns, _ = with_columns(frame, rows, by)
-    done = _complete(runs)
+    done = complete_runs(runs)
     names = [k for k in done if k.startswith("effective.")]
     out = {}
     for column in columns:
@@ -414,8 +414,8 @@ def effective_diffs(frame: pd.DataFrame, rows: str, by: Sequence[str] = ()) -> d
         for name in names:
             by_value: dict = {}
             for row, value in zip(part[rows], part[name]):
-                if _canon(value) is not None:
-                    by_value.setdefault(_fmt(value), set()).add(_fmt(row))
+                if canon(value) is not None:
+                    by_value.setdefault(fmt(value), set()).add(fmt(row))
             if len(by_value) > 1:
                 shown = "; ".join(f"{v} ({', '.join(sorted(r))})" for v, r in sorted(by_value.items()))
                 diffs.append((name.removeprefix("effective."), shown))
@@ -445,10 +445,10 @@ def detection_table(frame: pd.DataFrame, rows: str = "method", by: Sequence[str]
     over the complete seeds that report it; rows without any score are left out."""
     runs, columns, keys = with_columns(frame, rows, by)
     lines = []
-    for row, column, key_values, cell in _cells(runs, rows, columns, keys):
-        done = _complete(cell)
+    for row, column, key_values, cell in each_cell(runs, rows, columns, keys):
+        done = complete_runs(cell)
         for name, label in DETECTION:
-            values = np.array([float(v) for v in done.get(name, []) if _canon(v) is not None])
+            values = np.array([float(v) for v in done.get(name, []) if canon(v) is not None])
             if len(values):
                 lines.append({rows: row, "column": column, **key_values, "score": label,
                               "mean": values.mean(), "std": values.std(ddof=0), "n": len(values)})
@@ -457,8 +457,8 @@ def detection_table(frame: pd.DataFrame, rows: str = "method", by: Sequence[str]
 
 def detection_grid(table: pd.DataFrame, rows: str) -> pd.DataFrame:
     """Cell texts, rows x "column: score"."""
-    table = table.assign(label=[f"{c}: {s}" for c, s in _tuples(table, "column", "score")],
-                         text=[f"{m:.3f} ± {s:.3f} (n={n})" for m, s, n in _tuples(table, "mean", "std", "n")])
+    table = table.assign(label=[f"{c}: {s}" for c, s in tuples(table, "column", "score")],
+                         text=[f"{m:.3f} ± {s:.3f} (n={n})" for m, s, n in tuples(table, "mean", "std", "n")])
     grid = table.pivot(index=table.columns[0], columns="label", values="text")
     order = list(dict.fromkeys(table["label"]))
     return grid.reindex(index=list(dict.fromkeys(table[rows])), columns=order).fillna("")
@@ -470,12 +470,12 @@ def noise_table(frame: pd.DataFrame, rows: str = "method", by: Sequence[str] = (
     largest per-client |realised − requested| (from diagnostics.json, one run per seed: every
     method of a column and seed shares the federation)."""
     runs, columns, _ = with_columns(frame, rows, by)
-    done = _complete(runs)
+    done = complete_runs(runs)
     lines = []
     for column in columns:
         part = done[done["column"] == column]
-        for seed in sorted({_canon(s) for s in part.get("seed", [])}, key=_sort_key):
-            run = part[part["seed"].map(_canon) == seed].iloc[0]
+        for seed in sorted({canon(s) for s in part.get("seed", [])}, key=sort_key):
+            run = part[part["seed"].map(canon) == seed].iloc[0]
             clients = _clients(run.get("path"))
             if clients is None:
                 continue
@@ -494,7 +494,7 @@ def noise_table(frame: pd.DataFrame, rows: str = "method", by: Sequence[str] = (
 
 
 def _clients(run_dir) -> dict | None:
-    if _canon(run_dir) in (None, ""):
+    if canon(run_dir) in (None, ""):
         return None
     path = Path(str(run_dir)) / "diagnostics.json"
     try:
@@ -507,7 +507,7 @@ def _clients(run_dir) -> dict | None:
 def noise_markdown(table: pd.DataFrame) -> str:
     head = ("| column | seed | requested noise (mean μ_k) | realised noise | noisy clients | "
             "max per-client gap |\n|---|---|---|---|---|---|\n")
-    body = "".join(f"| {r.column} | {_fmt(r.seed)} | {r.requested:.4f} | {r.realised:.4f} | "
+    body = "".join(f"| {r.column} | {fmt(r.seed)} | {r.requested:.4f} | {r.realised:.4f} | "
                    f"{r.noisy_clients}/{r.clients} | {r.max_client_gap:.4f} |\n" for r in table.itertuples())
     return ("Requested vs realised label noise per column and seed (share of samples; clients weighted "
             "by size). The per-client view is runs/*/noise_realised.png. μ_k is the share of a client's "

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from fedlnl.benchmark.report.cells import _canon
+from fedlnl.benchmark.report.cells import canon
 from fedlnl.benchmark.report.tables import with_family
 
 log = logging.getLogger(__name__)
@@ -34,16 +34,16 @@ def target(frame: pd.DataFrame, root: Path | None = None) -> dict | None:
     "<name>/<sweep dir>", as the runner names it), or None when no run did."""
     if "config.logger.kind" not in frame:
         return None
-    used = frame[frame["config.logger.kind"].map(_canon) == "wandb"]
+    used = frame[frame["config.logger.kind"].map(canon) == "wandb"]
     if used.empty:
         return None
     first = used.iloc[0]
     root = root.resolve() if root is not None else None
-    groups = Counter(f"{_canon(r.get('config.name'))}/{sweep_dir(Path(str(r['path'])).resolve(), root).name}"
+    groups = Counter(f"{canon(r.get('config.name'))}/{sweep_dir(Path(str(r['path'])).resolve(), root).name}"
                      for _, r in used.iterrows())
-    return {"project": _canon(first.get("config.logger.project")) or "fedlnl",
-            "entity": _canon(first.get("config.logger.entity")),
-            "mode": _canon(first.get("config.logger.mode")) or "offline",
+    return {"project": canon(first.get("config.logger.project")) or "fedlnl",
+            "entity": canon(first.get("config.logger.entity")),
+            "mode": canon(first.get("config.logger.mode")) or "offline",
             "group": groups.most_common(1)[0][0]}
 
 

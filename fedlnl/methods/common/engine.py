@@ -5,7 +5,7 @@ float, augmented on the whole batch at once (random crop with zero padding, hori
 normalised. One working model is trained per client by loading the global weights into it, so no
 per-client deep copy of the network is made.
 
-Speed notes (issue 10):
+Speed notes:
 - Evaluation reads a test set normalised once per run (``TensorData.plain``) under inference mode;
   scoring passes over client data normalise per chunk (a cache of 50k CIFAR images in float would
   cost 614 MB for a pass that is a small share of a run).
@@ -150,12 +150,12 @@ def optimizer(model: nn.Module, optim: Optim) -> torch.optim.Optimizer:
 
 def mixup(x: torch.Tensor, y: torch.Tensor, alpha: float, gen: torch.Generator):
     """Mixup (Zhang et al. 2018): x~ = λx + (1−λ)x[perm], one λ ~ Beta(α, α) per batch."""
-    lam = float(np.random.default_rng(_child_seed(gen)).beta(alpha, alpha))
+    lam = float(np.random.default_rng(child_seed(gen)).beta(alpha, alpha))
     perm = torch.randperm(x.shape[0], generator=gen).to(x.device)
     return lam * x + (1.0 - lam) * x[perm], y, y[perm], lam
 
 
-def _child_seed(gen: torch.Generator) -> int:
+def child_seed(gen: torch.Generator) -> int:
     """A seed drawn from ``gen``, to feed a numpy sampler torch lacks a generator-aware form of."""
     return int(torch.randint(0, 2**62, (1,), generator=gen))
 
@@ -216,8 +216,8 @@ def train_steps(model: nn.Module, opt: torch.optim.Optimizer, gen: torch.Generat
     the device and are read once at the end. Divergence (a non-finite loss) is thus seen after the
     pass; the model (weights and buffers), the optimiser state and ``gen`` are then restored and the
     pass replayed with the per-step check (``sgd_step``), which stops before stepping on the first
-    non-finite loss and returns the losses up to it, as the loops always did: the same weights, the
-    same numbers. ``losses()`` must therefore be repeatable from ``gen`` alone (every loss function
+    non-finite loss and returns the losses up to and including it: the weights and losses of a pass
+    that checked every step. ``losses()`` must therefore be repeatable from ``gen`` alone (every loss function
     here is; one that keeps state across batches outside ``gen`` would see its state advanced twice).
     """
     start = (get_weights(model), copy.deepcopy(opt.state_dict()), gen.get_state())
@@ -282,7 +282,7 @@ def local_train(
     if values and not math.isfinite(values[-1]):
         return float("nan")
     total = 0.0
-    for v in values:  # summed in order in float64, as the per-step loop did
+    for v in values:  # Python floats summed in order (np.mean's pairwise sum can differ in the last bit)
         total += v
     return total / max(len(values), 1)
 
@@ -440,10 +440,14 @@ def payload_bytes(obj) -> int:
 
 
 # ------------------------------------------------------------------------------- sampling
+def cohort_size(frac: float, num_clients: int) -> int:
+    """m = max(⌊frac·N⌋, 1): the clients a round trains (``fl.frac`` of the N clients, at least one)."""
+    return max(int(frac * num_clients), 1)
+
+
 def uniform_clients(num_clients: int, frac: float, rng: np.random.Generator) -> list[int]:
-    """m = max(⌊frac·N⌋, 1) clients uniformly without replacement (sorted)."""
-    m = max(int(frac * num_clients), 1)
-    return sorted(rng.choice(num_clients, size=m, replace=False).tolist())
+    """m = :func:`cohort_size` clients uniformly without replacement (sorted)."""
+    return sorted(rng.choice(num_clients, size=cohort_size(frac, num_clients), replace=False).tolist())
 
 
 # ------------------------------------------------------------------------------- robust aggregation

@@ -119,11 +119,6 @@ def byzantine_count(share: float, n: int) -> int:
     return int(math.floor(share * n + 1e-9))
 
 
-def clients_per_round(fl, info) -> int:
-    """m = max(⌊frac · N⌋, 1), as ``engine.uniform_clients`` draws."""
-    return max(int(fl.frac * info.num_clients), 1)
-
-
 # ------------------------------------------------------------------------------ Krum
 def krum_max_f(n: int) -> int:
     """The largest f with n > 2f + 2 (Blanchard et al. 2017, Proposition 1's condition)."""

@@ -234,7 +234,7 @@ def mixmatch_loss(logits, targets, n_x: int, lambda_u: float, prior: torch.Tenso
 
 def _beta_max(alpha: float, gen: torch.Generator) -> float:
     """λ ~ Beta(α, α), λ' = max(λ, 1 − λ) (DivideMix §3.3: the mixed input stays closer to the first)."""
-    lam = float(np.random.default_rng(engine._child_seed(gen)).beta(alpha, alpha))
+    lam = float(np.random.default_rng(engine.child_seed(gen)).beta(alpha, alpha))
     return max(lam, 1.0 - lam)
 
 

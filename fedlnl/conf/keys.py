@@ -1,0 +1,18 @@
+"""Which top-level config keys change a run's numbers: the one declaration read by the config hash
+(``benchmark/rundir.py``), the report's pooling of seeds (``benchmark/report/cells.py``) and the sweep
+cells' directory names (``config.yaml``, ``hydra.job.config.override_dirname.exclude_keys``)."""
+from __future__ import annotations
+
+#: keys that never change a run's numbers: left out of the config hash, and runs that differ only in
+#: these and the seed are pooled as seeds of one configuration by the report. ``threads`` is not one
+#: of them: the CPU thread count can change float reductions, so neither a resume nor a report cell
+#: mixes two thread counts.
+NON_RESULT_KEYS = ("logger", "name", "preset", "checkpoint_every", "checkpoint_minutes", "skip_complete",
+                   "dry_run", "device", "hydra")
+
+#: command-line overrides left out of a sweep cell's directory name (``${cell_dir_excluded:}``): the
+#: result-neutral keys and the logger's mode; the preset selectors (the sweep directory is named after
+#: the preset); the launcher's job count; and ``threads``, which the SLURM launcher sets from each
+#: allocation: a cell run again with another thread count finds its own directory, whose config hash
+#: differs, and is refused with the difference named rather than trained a second time beside it.
+CELL_DIR_EXCLUDED = (*NON_RESULT_KEYS, "logger.mode", "experiment", "paper", "threads", "hydra.launcher.n_jobs")
