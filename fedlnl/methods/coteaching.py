@@ -35,7 +35,7 @@ refused before training (methods.md R3). A number is accepted in either mode.
 """
 from __future__ import annotations
 
-from fedlnl.methods.common import checks, engine, lnl, pair
+from fedlnl.methods.common import checks, lnl, pair
 from fedlnl.methods.common.protocol import UpdatePlan, local_steps
 from fedlnl.methods.fedavg import FedAvg
 
@@ -56,13 +56,10 @@ class Coteaching(FedAvg):
         self.noise_rate_key = "forget_rate" if forget_rate == lnl.NOISE else None  # preflight checks it is known
 
     def init(self, model, info, ctx):
-        state = pair.init(model, engine.child_seed(ctx.generator("init", "net2")), self.second_init)
-        state["tau"] = lnl.rate_value("forget_rate", self.forget_rate, info)
-        return state
+        return pair.init_forgetting(model, info, ctx, self.second_init, self.forget_rate)
 
     def forget_rate_at(self, state, ctx) -> float:
-        T_k = max(1, int(self.gradual_share * ctx.total_rounds))
-        return lnl.forget_rate_at(ctx.round, state["tau"], T_k, self.schedule)
+        return lnl.gradual_forget_rate(ctx.round, ctx.total_rounds, state["tau"], self.gradual_share, self.schedule)
 
     def batch_losses(self, logits1, logits2, labels, forget: float):
         """The two networks' losses on one batch at forget rate ``forget`` (the cross-update, Alg. 1)."""

@@ -29,7 +29,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from fedlnl.methods.common import checks, engine, lnl, pair
+from fedlnl.methods.common import checks, lnl, pair
 from fedlnl.methods.common.protocol import UpdatePlan, local_steps
 from fedlnl.methods.fedavg import FedAvg
 
@@ -58,13 +58,10 @@ class CoteachingPlus(FedAvg):
         self.noise_rate_key = "forget_rate" if forget_rate == lnl.NOISE else None  # preflight checks it is known
 
     def init(self, model, info, ctx):
-        state = pair.init(model, engine.child_seed(ctx.generator("init", "net2")), self.second_init)
-        state["tau"] = lnl.rate_value("forget_rate", self.forget_rate, info)
-        return state
+        return pair.init_forgetting(model, info, ctx, self.second_init, self.forget_rate)
 
     def forget_rate_at(self, state, ctx) -> float:
-        E_k = max(1, int(self.gradual_share * ctx.total_rounds))
-        return lnl.forget_rate_at(ctx.round, state["tau"], E_k, self.schedule)
+        return lnl.gradual_forget_rate(ctx.round, ctx.total_rounds, state["tau"], self.gradual_share, self.schedule)
 
     def _scores(self, logits: torch.Tensor) -> torch.Tensor:
         """What the disagreement phase's cross-entropy is taken of (L4)."""

@@ -177,6 +177,12 @@ def rate_value(key: str, value, info) -> float:
     return float(rate)
 
 
+def gradual_forget_rate(rnd: int, total_rounds: int, tau: float, gradual_share: float, schedule: str) -> float:
+    """The forget rate of round ``rnd`` when it rises to τ over ``gradual_share`` of the run's rounds
+    (T_k of Co-teaching, E_k of Co-teaching+: max(1, ⌊share·rounds⌋))."""
+    return forget_rate_at(rnd, tau, max(1, int(gradual_share * total_rounds)), schedule)
+
+
 def forget_rate_at(t: int, tau: float, T_k: int, schedule: str) -> float:
     """The forget rate of step t (0-based) rising to τ over T_k steps. ``paper``: min(t/T_k·τ, τ), i.e.
     Co-teaching's remember rate R(T) = 1 − min(T/T_k·τ, τ) (Alg. 1, applied from the second epoch

@@ -39,6 +39,14 @@ def init(model: nn.Module, seed: int, scope: str) -> dict:
             "global2": engine.get_weights(model2)}
 
 
+
+def init_forgetting(model: nn.Module, info, ctx, scope: str, forget_rate) -> dict:
+    """A pair's state (network 2 seeded from the run's ``init/net2`` stream) plus ``tau``, the
+    forget rate the configuration gives (a number, or ``noise``: the nominal noise rate)."""
+    state = init(model, engine.child_seed(ctx.generator("init", "net2")), scope)
+    state["tau"] = lnl.rate_value("forget_rate", forget_rate, info)
+    return state
+
 def load(state: dict) -> tuple[nn.Module, nn.Module]:
     """The two working networks with the current global weights."""
     engine.set_weights(state["model"], state["global"])
