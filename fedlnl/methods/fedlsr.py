@@ -150,7 +150,7 @@ class FedLSR(FedAvg):
         def loss_fn(model, xb, yb, step, gen):
             x2 = views.mild_view(xb, data.mean, data.std, gen, kind=self.view, per_sample=self.view_per_sample,
                                  space=self.view_space)
-            omega = float(torch.rand(1, generator=gen))  # ω ~ Beta(1, 1) = U(0, 1)
+            omega = engine.host_draw(torch.rand(1, generator=gen))  # ω ~ Beta(1, 1) = U(0, 1)
             # two forward passes, as the codes (BatchNorm sees each view's own batch statistics)
             return lsr_loss(model(xb), model(x2), yb, omega, gamma_t, self.gamma_e,
                             T=self.sharpen_T, inv_T_d=self.inv_T_d, cls_form=self.cls_form,

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import copy
 import math
+import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -113,13 +114,14 @@ def _crop_flip(x: torch.Tensor, gen: torch.Generator | None, crop: int, pad: int
     if pad:
         x = F.pad(x, (pad, pad, pad, pad))
     hp, wp = x.shape[-2:]
-    oy = torch.randint(0, hp - crop + 1, (b,), generator=gen).to(x.device)
-    ox = torch.randint(0, wp - crop + 1, (b,), generator=gen).to(x.device)
+    g = device_generator(gen, x.device)  # drawn where the images are: no host->device copy
+    oy = torch.randint(0, hp - crop + 1, (b,), generator=g, device=x.device)
+    ox = torch.randint(0, wp - crop + 1, (b,), generator=g, device=x.device)
     bi, ar = _aranges(b, crop, x.device)
     rows = (oy[:, None] + ar[None, :])  # [b, crop]
     cols = (ox[:, None] + ar[None, :])
     if flip:
-        flipped = torch.rand(b, generator=gen).to(x.device) < 0.5
+        flipped = torch.rand(b, generator=g, device=x.device) < 0.5
         cols = torch.where(flipped[:, None], cols.flip(1), cols)
     # x[b, :, rows[b, i], cols[b, j]] for every image b
     out = x.permute(0, 2, 3, 1)[bi, rows[:, :, None], cols[:, None, :]]
@@ -129,9 +131,35 @@ def _crop_flip(x: torch.Tensor, gen: torch.Generator | None, crop: int, pad: int
 def batches(n: int, batch_size: int, gen: torch.Generator, shuffle: bool = True,
             device: torch.device | str | None = None) -> Iterator[torch.Tensor]:
     """Positions 0..n-1 in shuffled mini-batches (the last one may be short, like drop_last=False),
-    drawn on the CPU generator and moved to ``device`` once per pass, not once per batch."""
-    order = torch.randperm(n, generator=gen) if shuffle else torch.arange(n)
-    yield from order.to(device).split(batch_size) if device is not None else order.split(batch_size)
+    made on ``device`` (default CPU) with ``gen``'s stream there (``device_generator``)."""
+    device = torch.device("cpu") if device is None else torch.device(device)
+    order = (torch.randperm(n, generator=device_generator(gen, device), device=device) if shuffle
+             else torch.arange(n, device=device))
+    yield from order.split(batch_size)
+
+
+#: the generator on another device each host generator stands for, while a local update runs
+_DEVICE_GENS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _same_device(a: torch.device, b: torch.device) -> bool:
+    return a.type == b.type and (a.index or 0) == (b.index or 0)
+
+
+def device_generator(gen: torch.Generator | None, device: torch.device | str,
+                     fresh: bool = False) -> torch.Generator | None:
+    """The generator a draw on ``device`` uses in place of the client's ``gen``: ``gen`` itself where
+    it lives on ``device`` (on the CPU the draw sequence is the client's stream, unchanged), else a
+    generator on ``device`` seeded from ``gen`` (one draw of a host generator: no device sync), made
+    once per local update (``fresh``, at its start) and reused by every draw of the update, so no
+    augmentation offset, flip coin, shuffle or mixup permutation is copied from the host per step."""
+    device = torch.device(device)
+    if gen is None or _same_device(gen.device, device):
+        return gen
+    held = _DEVICE_GENS.get(gen)
+    if fresh or held is None or not _same_device(held.device, device):
+        held = _DEVICE_GENS[gen] = torch.Generator(device=device).manual_seed(child_seed(gen))
+    return held
 
 
 # ------------------------------------------------------------------------------- local training
@@ -151,13 +179,29 @@ def optimizer(model: nn.Module, optim: Optim) -> torch.optim.Optimizer:
 def mixup(x: torch.Tensor, y: torch.Tensor, alpha: float, gen: torch.Generator):
     """Mixup (Zhang et al. 2018): x~ = λx + (1−λ)x[perm], one λ ~ Beta(α, α) per batch."""
     lam = float(np.random.default_rng(child_seed(gen)).beta(alpha, alpha))
-    perm = torch.randperm(x.shape[0], generator=gen).to(x.device)
+    perm = torch.randperm(x.shape[0], generator=device_generator(gen, x.device), device=x.device)
     return lam * x + (1.0 - lam) * x[perm], y, y[perm], lam
 
 
 def child_seed(gen: torch.Generator) -> int:
     """A seed drawn from ``gen``, to feed a numpy sampler torch lacks a generator-aware form of."""
-    return int(torch.randint(0, 2**62, (1,), generator=gen))
+    return int(host_draw(torch.randint(0, 2**62, (1,), generator=gen)))
+
+
+#: > 0 while ``host_draw`` reads: a step counter (benchmarks/steps.py) tells these reads apart
+HOST_DRAWS = {"depth": 0}
+
+
+def host_draw(t: torch.Tensor) -> float | int:
+    """The value of a one-element draw of a host (CPU) generator, e.g. a per-batch scalar (mixup's
+    λ seed, FedLSR's ω). A host read that never waits for a device: ``t`` must be on the CPU."""
+    if t.device.type != "cpu" or t.numel() != 1:
+        raise ValueError(f"host_draw reads one value drawn on the host, got {tuple(t.shape)} on {t.device}")
+    HOST_DRAWS["depth"] += 1
+    try:
+        return t.item()
+    finally:
+        HOST_DRAWS["depth"] -= 1
 
 
 def mixup_ce(logits: torch.Tensor, ya: torch.Tensor, yb: torch.Tensor, lam: float) -> torch.Tensor:
@@ -273,6 +317,7 @@ def local_train(
     fmt = memory_format(model, data.device)
 
     def losses():
+        device_generator(gen, idx.device, fresh=True)  # replayed from ``gen`` alone (train_steps)
         for _ in range(epochs):
             for step, pos in enumerate(batches(idx.numel(), batch_size, gen, device=idx.device)):
                 xb = data.images(idx[pos], augment=augment, gen=gen, memory_format=fmt)
@@ -300,6 +345,7 @@ def epoch_loop(model: nn.Module, opt: torch.optim.Optimizer, data: TensorData, i
     fmt = memory_format(model, data.device)
 
     def losses():
+        device_generator(gen, idx.device, fresh=True)
         for pos in batches(idx.numel(), batch_size, gen, device=idx.device):
             yield loss_fn(model, data.images(idx[pos], augment=augment, gen=gen, memory_format=fmt), pos)
 

@@ -24,25 +24,35 @@ normalised again) or directly on the normalised tensor with torchvision's clampi
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 
 import torch
 import torch.nn.functional as F
+
+from fedlnl.methods.common import engine
 
 KINDS = ("color", "rotate", "none")
 SPACES = ("pixels", "normalised")
 GRAY = (0.299, 0.587, 0.114)  # ITU-R 601-2 luma, torchvision's rgb_to_grayscale
 
 
-def _draw(n: int, per_sample: bool, gen: torch.Generator, low: float = 0.0, high: float = 1.0) -> torch.Tensor:
-    """n values ~ U[low, high): independent, or one value repeated (``per_sample=False``)."""
-    u = torch.rand(n if per_sample else 1, generator=gen)
+def _draw(n: int, per_sample: bool, gen: torch.Generator, device: torch.device, low: float = 0.0,
+          high: float = 1.0) -> torch.Tensor:
+    """n values ~ U[low, high) on ``device`` (``gen``'s stream there: no host->device copy per batch):
+    independent, or one value repeated (``per_sample=False``)."""
+    u = torch.rand(n if per_sample else 1, generator=engine.device_generator(gen, device), device=device)
     return (low + (high - low) * u).expand(n).clone()
+
+
+@lru_cache(maxsize=8)
+def _luma(dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    with torch.inference_mode(False):
+        return torch.tensor(GRAY, dtype=dtype, device=device).view(1, 3, 1, 1)
 
 
 def _gray(x: torch.Tensor) -> torch.Tensor:
     """[B, 1, H, W] luma of an RGB batch."""
-    w = torch.tensor(GRAY, dtype=x.dtype, device=x.device).view(1, 3, 1, 1)
-    return (x * w).sum(1, keepdim=True)
+    return (x * _luma(x.dtype, x.device)).sum(1, keepdim=True)
 
 
 def _blend(x, other, factor, clamp=True):
@@ -72,12 +82,13 @@ def color_jitter(x: torch.Tensor, gen: torch.Generator, per_sample: bool, streng
     """Flip (p 0.5), jitter (p 0.8) and grayscale (p 0.2) of a [B, C, H, W] batch in [0, 1]
     (SimCLR's colour distortion with s = ``strength``, as FedLSR's code builds it)."""
     b, c = x.shape[:2]
-    flip = _draw(b, per_sample, gen) < 0.5
-    x = torch.where(flip.view(-1, 1, 1, 1).to(x.device), x.flip(-1), x)
-    apply = (_draw(b, per_sample, gen) < 0.8).to(x.device).view(-1, 1, 1, 1)
+    dev = x.device
+    flip = _draw(b, per_sample, gen, dev) < 0.5
+    x = torch.where(flip.view(-1, 1, 1, 1), x.flip(-1), x)
+    apply = (_draw(b, per_sample, gen, dev) < 0.8).view(-1, 1, 1, 1)
     s = 0.8 * strength
-    bright, contrast, sat = (_draw(b, per_sample, gen, 1 - s, 1 + s).to(x.device) for _ in range(3))
-    hue = _draw(b, per_sample, gen, -0.2 * strength, 0.2 * strength).to(x.device)
+    bright, contrast, sat = (_draw(b, per_sample, gen, dev, 1 - s, 1 + s) for _ in range(3))
+    hue = _draw(b, per_sample, gen, dev, -0.2 * strength, 0.2 * strength)
     y = _blend(x, torch.zeros_like(x), bright)
     gray = _gray(y) if c == 3 else y
     y = _blend(y, gray.mean((1, 2, 3), keepdim=True).expand_as(y), contrast)
@@ -87,14 +98,14 @@ def color_jitter(x: torch.Tensor, gen: torch.Generator, per_sample: bool, streng
         y = _hsv_to_rgb((h + hue.view(-1, 1, 1)) % 1.0, sv, v)
     x = torch.where(apply, y, x)
     if c == 3:
-        to_gray = (_draw(b, per_sample, gen) < 0.2).to(x.device).view(-1, 1, 1, 1)
+        to_gray = (_draw(b, per_sample, gen, dev) < 0.2).view(-1, 1, 1, 1)
         x = torch.where(to_gray, _gray(x).expand_as(x), x)
     return x
 
 
 def rotate(x: torch.Tensor, gen: torch.Generator, per_sample: bool, degrees: float = 30.0) -> torch.Tensor:
     """Rotation by θ ~ U[−degrees, degrees] about the centre, nearest sampling, zero fill."""
-    theta = _draw(x.shape[0], per_sample, gen, -degrees, degrees).to(x.device) * (math.pi / 180.0)
+    theta = _draw(x.shape[0], per_sample, gen, x.device, -degrees, degrees) * (math.pi / 180.0)
     cos, sin = torch.cos(theta), torch.sin(theta)
     zero = torch.zeros_like(cos)
     mat = torch.stack([torch.stack([cos, -sin, zero], 1), torch.stack([sin, cos, zero], 1)], 1)

@@ -1,0 +1,169 @@
+"""What one local SGD step costs on the launch queue, per method: host reads, device moves and
+dispatched aten ops, counted on the CPU (the counts are what a GPU would see: a move to the device the
+data is already on is still a `Tensor.to` call).
+
+Each method runs in-process at tiny size twice, with 1 and 3 local epochs (``--epochs``); a count per
+step is the difference of the two runs divided by the extra optimizer steps, so set-up, evaluation
+and aggregation cancel out and only what grows with the steps is left.
+
+  host reads    Tensor.item / tolist / cpu / numpy, float() / int() / bool() / __index__ of a tensor
+                (not engine.host_draw: the value of a host generator's draw, a CPU tensor by check)
+  device moves  Tensor.to / cuda / pin_memory with a device, tensor / as_tensor with device=, copy_
+  aten ops      every op dispatched (a TorchDispatchMode): on a GPU roughly one kernel launch each
+
+A GPU-hour estimate prices each method from its own op count at ``--us-per-launch`` microseconds per
+dispatched op (a launch-bound step: the device waits for the host).
+Usage: python benchmarks/steps.py [--methods fedavg fedprox] [--ops-models lenet resnet18]
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+from torch.optim.optimizer import register_optimizer_step_post_hook
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+
+REPO = Path(__file__).resolve().parents[1]
+from fedlnl.methods.common.engine import HOST_DRAWS  # noqa: E402
+
+READS = frozenset({"item", "__float__", "__int__", "__bool__", "__index__", "tolist", "cpu", "numpy"})
+#: a tiny federation of 16x16 colour images with crop + flip (the augmentation every CIFAR preset uses)
+TINY = ["debug=tiny", "dataset=synthetic", "dataset.n_train=480", "dataset.n_test=60", "dataset.size=16",
+        "dataset.augment={crop: 16, pad: 2, flip: true}", "fl.batch_size=20", "fl.eval_every=1",
+        "logger=none", "device=cpu", "threads=1", "checkpoint_minutes=0"]
+
+
+class Traffic(TorchFunctionMode):
+    """Host reads and device moves (the calls that make the host wait for the device on a GPU)."""
+
+    def __init__(self):
+        super().__init__()
+        self.reads = self.moves = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = getattr(func, "__name__", "")
+        if name in READS:
+            self.reads += HOST_DRAWS["depth"] == 0  # engine.host_draw: a CPU generator's value, no device
+
+        elif name in ("to", "cuda", "pin_memory"):
+            rest = list(args[1:]) + list(kwargs.values())
+            if name != "to" or "device" in kwargs or any(isinstance(v, (torch.device, str, torch.Tensor)) for v in rest):
+                self.moves += 1
+        elif name == "copy_" or (name in ("tensor", "as_tensor") and "device" in kwargs):
+            self.moves += 1
+        return func(*args, **kwargs)
+
+
+class Ops(TorchDispatchMode):
+    """Dispatched aten ops."""
+
+    def __init__(self):
+        super().__init__()
+        self.n = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.n += 1
+        return func(*args, **(kwargs or {}))
+
+
+def compose_cfg(overrides):
+    from hydra import compose, initialize_config_module
+    from hydra.core.global_hydra import GlobalHydra
+
+    from fedlnl.conf import resolvers  # noqa: F401
+
+    GlobalHydra.instance().clear()
+    with initialize_config_module(config_module="fedlnl.conf", version_base=None):
+        return compose(config_name="config", overrides=overrides)
+
+
+def count_run(method: str, epochs: int, extra=(), ops: bool = True) -> dict:
+    """One in-process run of ``method`` with ``epochs`` local epochs: its reads, moves, ops, steps."""
+    from fedlnl.benchmark.runner import run
+
+    cfg = compose_cfg([f"method={method}", *TINY, f"fl.local_epochs={epochs}", *extra])
+    steps = {"n": 0}
+    hook = register_optimizer_step_post_hook(lambda *a, **k: steps.__setitem__("n", steps["n"] + 1))
+    traffic, opc = Traffic(), Ops()
+    try:
+        with tempfile.TemporaryDirectory() as d, traffic, (opc if ops else contextlib.nullcontext()):
+            out = run(cfg, Path(d) / "run", method)
+    finally:
+        hook.remove()
+    assert out["status"] == "complete", out
+    return {"reads": traffic.reads, "moves": traffic.moves, "ops": opc.n, "steps": steps["n"]}
+
+
+def warm(method: str, extra=()) -> None:
+    """Load and check the federation once, so its cached loads count in neither run."""
+    from fedlnl.benchmark import compose, preflight
+    from fedlnl.benchmark.runner import Runner
+
+    cfg = compose_cfg([f"method={method}", *TINY, *extra])
+    with tempfile.TemporaryDirectory() as d:
+        Runner(cfg, Path(d) / "run", method, "single", preflight.check_cell(cfg, compose.typed_keys(()))).prepare()
+
+
+def per_step(method: str, epochs=(1, 3), extra=(), ops: bool = True) -> dict:
+    """Reads, moves and ops that grow with the local steps, per extra optimizer step."""
+    warm(method, extra)
+    lo, hi = (count_run(method, e, extra, ops) for e in epochs)
+    extra_steps = hi["steps"] - lo["steps"]
+    if extra_steps <= 0:
+        raise RuntimeError(f"{method}: {epochs} local epochs ran {lo['steps']} and {hi['steps']} steps")
+    out = {k: (hi[k] - lo[k]) / extra_steps for k in ("reads", "moves", "ops")}
+    return {**out, "steps": (lo["steps"], hi["steps"])}
+
+
+def method_names() -> list[str]:
+    return sorted(p.stem for p in (REPO / "fedlnl" / "conf" / "method").glob("*.yaml"))
+
+
+def ops_ratios(model: str, methods=("fedavg", "fedprox", "feddyn"), epochs=(1, 2)) -> dict:
+    """Dispatched ops per local step of each method on ``model`` (32x32 images) and the ratio to FedAvg."""
+    extra = [f"model={model}", "dataset.size=32", "dataset.augment={crop: 32, pad: 4, flip: true}",
+             "dataset.n_train=240"]
+    per = {m: per_step(m, epochs, extra)["ops"] for m in methods}
+    return {m: (v, v / per[methods[0]]) for m, v in per.items()}
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--methods", nargs="*", default=None, help="default: every conf/method YAML")
+    ap.add_argument("--ops-models", nargs="*", default=["lenet", "resnet18"])
+    ap.add_argument("--us-per-launch", type=float, default=10.0,
+                    help="host cost of one dispatched op on a GPU, in microseconds (launch-bound step)")
+    ap.add_argument("--json", action="store_true", help="one JSON line per method instead of the table")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(1)
+    logging.disable(logging.WARNING)
+    print(f"per local step (1 vs 3 local epochs, tiny federation, 16x16 crop+flip); "
+          f"GPU-hours per 1e6 steps at {args.us_per_launch:g} us per dispatched op")
+    print(f"| method | host reads / step | device moves / step | aten ops / step | GPU-h / 1e6 steps |")
+    print("|---|---|---|---|---|")
+    for m in args.methods or method_names():
+        try:
+            r = per_step(m)
+        except Exception as e:  # one broken method must not hide the others' figures
+            print(f"| {m} | error: {type(e).__name__}: {str(e)[:80]} | | | |")
+            continue
+        hours = r["ops"] * args.us_per_launch * 1e-6 * 1e6 / 3600
+        if args.json:
+            print(json.dumps({"method": m, **r}))
+        print(f"| {m} | {r['reads']:.2f} | {r['moves']:.2f} | {r['ops']:.0f} | {hours:.2f} |", flush=True)
+    for model in args.ops_models:
+        ratios = ops_ratios(model)
+        print(f"{model}: aten ops per step " + ", ".join(f"{m} {v:.0f} ({q:.2f}x)" for m, (v, q) in ratios.items()),
+              flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
