@@ -41,11 +41,14 @@ Batch size and epochs follow ``fl`` (FedCorr's setup), not the official defaults
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 import torch.nn.functional as F
 
 from fedlnl.methods.common import checks, engine
+from fedlnl.methods.common.optimizers import ClipGrad
 from fedlnl.methods.common.protocol import ClientUpdate
 
 
@@ -117,25 +120,27 @@ class FedDyn:
         CE + α_k⟨θ, lin⟩ with weight decay α_k + wd (the official solver's form, optionally clipping
         the gradient norm before the decay is applied)."""
         model.train()
-        opt = engine.optimizer(model, self.fl.optim(lr=lr, weight_decay=a_k + self.fl.weight_decay))
+        optim = self.fl.optim(lr=lr, weight_decay=a_k + self.fl.weight_decay)
+        opt = (engine.optimizer(model, optim) if self.max_grad_norm is None
+               else ClipGrad(self.max_grad_norm)(model, optim))
         params = list(model.parameters())
-        total, count = 0.0, 0
-        for _ in range(self.fl.local_epochs):
-            for pos in engine.batches(client.size, self.fl.batch_size, gen):
-                pos = pos.to(client.indices.device)
-                xb = client.data.images(client.indices[pos], augment=self.fl.augment, gen=gen)
-                loss = F.cross_entropy(model(xb), client.labels[pos])
-                loss = loss + a_k * sum((p * c).sum() for p, c in zip(params, lin))
-                if not torch.isfinite(loss):
-                    return float("nan")
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                if self.max_grad_norm is not None:
-                    torch.nn.utils.clip_grad_norm_(params, self.max_grad_norm)
-                opt.step()
-                total += float(loss.detach())
-                count += 1
-        return total / max(count, 1)
+        idx = client.indices
+
+        def losses():  # the batch losses, read once per update (engine.train_steps)
+            engine.device_generator(gen, idx.device, fresh=True)
+            for _ in range(self.fl.local_epochs):
+                for pos in engine.batches(client.size, self.fl.batch_size, gen, device=idx.device):
+                    xb = client.data.images(idx[pos], augment=self.fl.augment, gen=gen)
+                    loss = F.cross_entropy(model(xb), client.labels[pos])
+                    yield loss + a_k * sum((p * c).sum() for p, c in zip(params, lin))
+
+        values = engine.train_steps(model, opt, gen, losses)
+        if values and not math.isfinite(values[-1]):
+            return float("nan")
+        total = 0.0
+        for v in values:
+            total += v
+        return total / max(len(values), 1)
 
     def aggregate(self, state, updates, ctx):
         names = state["param_names"]

@@ -243,7 +243,7 @@ class RoFL(FedAvg):
             l_e = -(lk.softmax(dim=1) * lk.log_softmax(dim=1)).sum(dim=1).mean()
             box["f_k"] = update_centroids(f, z, yk)
             box["kept"] += int(keep.numel())
-            box["agree"] += int(mask.sum())
+            box["agree"] = box["agree"] + mask.sum()  # on the device: read once, after the update
             return F.cross_entropy(lk, target) + lam_cen * l_cen + self.lambda_e * l_e
 
         loss = engine.local_train(
@@ -253,7 +253,7 @@ class RoFL(FedAvg):
         )
         return ClientUpdate(client.id, engine.get_weights(model), client.size,
                             payload={"centroids": box["f_k"].detach()},
-                            metrics={"kept": box["kept"], "agree": box["agree"]}, train_loss=loss)
+                            metrics={"kept": box["kept"], "agree": int(box["agree"])}, train_loss=loss)
 
     def aggregate(self, state, updates, ctx):
         counts = [u.num_samples if self.weighted_avg else 1.0 for u in updates]

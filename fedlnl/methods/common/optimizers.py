@@ -86,18 +86,17 @@ class SAM:
         grads = torch.autograd.grad(loss, self.params, allow_unused=True)
         self.eps = sam_perturbation(list(grads), self.rho)
         self.w = [p.detach().clone() for p in self.params]
-        with torch.no_grad():
-            for p, e in zip(self.params, self.eps):
-                if e is not None:
-                    p.add_(e)
+        moved = [(p, e) for p, e in zip(self.params, self.eps) if e is not None]
+        if moved:
+            with torch.no_grad():  # one fused add over every parameter tensor
+                torch._foreach_add_([p for p, _ in moved], [e for _, e in moved])
 
     def restore(self) -> None:
         """Back from w + ε̂ to w, exactly (a copy of w, not a subtraction of ε̂); nothing to do
         without a pending perturbation."""
         if self.eps is not None:
-            with torch.no_grad():
-                for p, w in zip(self.params, self.w):
-                    p.copy_(w)
+            with torch.no_grad():  # one fused device-side copy, not one per parameter tensor
+                torch._foreach_copy_(self.params, self.w)
             self.eps, self.w = None, None
 
     def loss(self, loss_fn: engine.LossFn) -> engine.LossFn:

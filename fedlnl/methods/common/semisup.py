@@ -255,10 +255,11 @@ def dividemix_epoch(net, peer, opt, data, idx, labels, w, *, p_threshold, T, alp
     fmt = engine.memory_format(net, labels.device)
 
     def losses():  # one MixMatch loss per labeled mini-batch, stepped by engine.train_steps
-        lab_batches = list(engine.batches(lab.numel(), batch_size, gen))
+        engine.device_generator(gen, lab.device, fresh=True)  # the draws stay on the device
+        lab_batches = list(engine.batches(lab.numel(), batch_size, gen, device=lab.device))
         unl_iter = iter(())
         for b, pos in enumerate(lab_batches):
-            sel = lab[pos.to(lab.device)]
+            sel = lab[pos]
             x1 = data.images(idx[sel], augment=augment, gen=gen, memory_format=fmt)
             x2 = data.images(idx[sel], augment=augment, gen=gen, memory_format=fmt)
             y = F.one_hot(labels[sel], num_classes).float()
@@ -268,9 +269,9 @@ def dividemix_epoch(net, peer, opt, data, idx, labels, w, *, p_threshold, T, alp
                 if unl.numel():
                     upos = next(unl_iter, None)
                     if upos is None:
-                        unl_iter = iter(engine.batches(unl.numel(), batch_size, gen))
+                        unl_iter = iter(engine.batches(unl.numel(), batch_size, gen, device=unl.device))
                         upos = next(unl_iter)
-                    usel = idx[unl[upos.to(unl.device)]]
+                    usel = idx[unl[upos]]
                     u1 = data.images(usel, augment=augment, gen=gen, memory_format=fmt)
                     u2 = data.images(usel, augment=augment, gen=gen, memory_format=fmt)
                     q = co_guess([m(u).softmax(1) for m in (net, peer) for u in (u1, u2)], T)
@@ -278,7 +279,8 @@ def dividemix_epoch(net, peer, opt, data, idx, labels, w, *, p_threshold, T, alp
                     targets += [q, q]
             inputs, targets = torch.cat(views), torch.cat(targets)
             lam = _beta_max(alpha, gen)
-            perm = torch.randperm(inputs.shape[0], generator=gen).to(inputs.device)
+            perm = torch.randperm(inputs.shape[0], generator=engine.device_generator(gen, inputs.device),
+                                  device=inputs.device)
             mixed_x = lam * inputs + (1.0 - lam) * inputs[perm]
             mixed_t = lam * targets + (1.0 - lam) * targets[perm]
             ramp = linear_rampup(epochs_done + b / len(lab_batches), rampup_epochs)
