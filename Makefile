@@ -30,7 +30,8 @@ run: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-# `make bench`: one client epoch (speed.py), memory formats (formats.py), the FedCorr workload's first
+# `make bench`: one client epoch (speed.py), host reads / device moves / aten ops per local step of every
+# method (steps.py), memory formats (formats.py), the FedCorr workload's first
 # 10 rounds (workload.py, needs ../shared); `make bench FULL=1`: the whole workload (102 rounds, ~10 min)
 BENCH_ROUNDS ?= 10
 
@@ -42,6 +43,7 @@ test-slurm: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) benchmarks/speed.py --threads 1
+	$(PY) benchmarks/steps.py
 	$(PY) benchmarks/formats.py --models lenet cnn
 	$(PY) benchmarks/workload.py --rounds $(if $(FULL),0,$(BENCH_ROUNDS))
 

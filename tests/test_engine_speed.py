@@ -140,3 +140,29 @@ def test_evaluate_and_predict_match_the_nchw_forward_pass():
     assert acc == pytest.approx((ref.argmax(1) == y).float().mean().item(), abs=1 / 300 + 1e-9)
     assert loss == pytest.approx(F.cross_entropy(ref, y).item(), rel=1e-5)
     assert model.training  # mode restored
+
+
+def test_fused_prox_and_linear_terms_equal_the_per_tensor_expressions_bit_for_bit():
+    """prox_sq and linear_term (torch._foreach_* across the parameter tensors) give the value and the
+    gradients of Σ‖p − a‖² and Σ⟨p, c⟩ written tensor by tensor, bit for bit."""
+    torch.manual_seed(0)
+    model = LeNet(10, (3, 32, 32))
+    params = list(model.parameters())
+    anchor = [p.detach() + 0.01 * torch.randn_like(p) for p in params]
+    coef = [torch.randn_like(p) for p in params]
+    x = torch.randn(4, 3, 32, 32)
+
+    def value_and_grads(fused):
+        model.zero_grad(set_to_none=True)
+        if fused:
+            extra = 0.3 * engine.prox_sq(model, anchor) + 0.7 * engine.linear_term(params, coef)
+        else:
+            extra = (0.3 * sum(((p - a) ** 2).sum() for p, a in zip(params, anchor))
+                     + 0.7 * sum((p * c).sum() for p, c in zip(params, coef)))
+        loss = F.cross_entropy(model(x), torch.arange(4)) + extra
+        loss.backward()
+        return loss.detach(), [p.grad.clone() for p in params]
+
+    (a, ga), (b, gb) = value_and_grads(False), value_and_grads(True)
+    assert torch.equal(a, b)
+    assert all(torch.equal(u, v) for u, v in zip(ga, gb))

@@ -132,7 +132,7 @@ class FedDyn:
                 for pos in engine.batches(client.size, self.fl.batch_size, gen, device=idx.device):
                     xb = client.data.images(idx[pos], augment=self.fl.augment, gen=gen)
                     loss = F.cross_entropy(model(xb), client.labels[pos])
-                    yield loss + a_k * sum((p * c).sum() for p, c in zip(params, lin))
+                    yield loss + a_k * engine.linear_term(params, lin)
 
         values = engine.train_steps(model, opt, gen, losses)
         if values and not math.isfinite(values[-1]):

@@ -15,6 +15,15 @@ Speed notes:
 - Training never reads a loss on the host per step: the batch losses stay on the device and are read
   once per local update (``train_steps``); a non-finite one then replays the update with the per-step
   check, so a diverged update ends with exactly the weights it had before (see ``train_steps``).
+- Nor does a step copy anything from the host: crop offsets, flip coins, shuffles and mixup
+  permutations are drawn on the data's device (``device_generator``: on the CPU the client's own
+  generator, so the CPU draw sequence is the client's stream; elsewhere a device generator seeded
+  once per local update from it). Per-batch scalars a method needs on the host (mixup's λ, FedLSR's
+  ω) come from the host generator (``host_draw``), which never waits for the device.
+- Per-parameter terms (the proximal term, FedDyn's linear term) run fused across the parameter
+  tensors (``torch._foreach_*``) with the per-tensor sums kept in order, so their values and
+  gradients equal the per-tensor expressions bit for bit (``prox_sq``, ``linear_term``).
+  ``benchmarks/steps.py`` counts host reads, device moves and dispatched ops per step of every method.
 """
 from __future__ import annotations
 
@@ -211,7 +220,51 @@ def mixup_ce(logits: torch.Tensor, ya: torch.Tensor, yb: torch.Tensor, lam: floa
 
 def prox_sq(model: nn.Module, anchor: list[torch.Tensor]) -> torch.Tensor:
     """Σ_params ‖w − w_g‖² over trainable parameters (buffers excluded)."""
-    return sum(((p - a) ** 2).sum() for p, a in zip(model.parameters(), anchor))
+    return _ProxSq.apply(anchor, *model.parameters())
+
+
+def linear_term(params: list[torch.Tensor], coef: list[torch.Tensor]) -> torch.Tensor:
+    """Σ_i ⟨p_i, c_i⟩ over parameter tensors with constant coefficients ``coef`` (FedDyn's linear term)."""
+    return _Linear.apply(coef, *params)
+
+
+def ordered_sum(ts) -> torch.Tensor:
+    """0 + Σ_i sum(t_i), tensor by tensor in order: the value of the per-tensor expression bit for bit
+    (one flat sum would add in another order and change the last bits)."""
+    total = 0
+    for t in ts:
+        total = total + t.sum()
+    return total
+
+
+class _ProxSq(torch.autograd.Function):
+    """Σ_i ‖p_i − a_i‖² with its differences, squares and gradient fused across the parameter tensors
+    (``torch._foreach_*``: a few launches, not several per tensor). Equal bit for bit to the per-tensor
+    expression: the same elementwise values, summed in the same order (``ordered_sum``), and the
+    gradient autograd forms for it, g·(2(p_i − a_i)) (pow's backward)."""
+
+    @staticmethod
+    def forward(ctx, anchor, *params):
+        diffs = torch._foreach_sub(params, anchor)
+        ctx.save_for_backward(*diffs)
+        return ordered_sum(torch._foreach_pow(diffs, 2))
+
+    @staticmethod
+    def backward(ctx, g):
+        return (None, *torch._foreach_mul(torch._foreach_mul(ctx.saved_tensors, 2.0), g))
+
+
+class _Linear(torch.autograd.Function):
+    """Σ_i ⟨p_i, c_i⟩ fused across tensors; gradient g·c_i, as autograd forms it for the expression."""
+
+    @staticmethod
+    def forward(ctx, coef, *params):
+        ctx.coef = coef
+        return ordered_sum(torch._foreach_mul(params, coef))
+
+    @staticmethod
+    def backward(ctx, g):
+        return (None, *torch._foreach_mul(ctx.coef, g))
 
 
 PROX_FORMS = ("half_squared", "squared", "norm")
