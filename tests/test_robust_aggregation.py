@@ -268,3 +268,16 @@ def test_switch_values_follow_fidelity(method, key, paper, reference):
 ])
 def test_impossible_robust_settings_are_one_line_refusals(tmp_path, overrides, message):
     assert_refused(cli([*overrides, *TINY], tmp_path), message, tmp_path)
+
+
+def test_arfl_finite_models_flags_exactly_the_models_with_a_nan_or_inf_entry():
+    """The fused check (one max-|x| norm per model) against the per-tensor isfinite it replaces."""
+    from fedlnl.methods.arfl import finite_models
+
+    ok = {"w": torch.ones(3, 3), "b": torch.zeros(2), "n": torch.tensor(3)}
+    nan = {**ok, "b": torch.tensor([0.0, float("nan")])}
+    inf = {**ok, "w": torch.full((3, 3), -float("inf"))}
+    big = {**ok, "w": torch.full((3, 3), 3e38), "b": torch.zeros(2, dtype=torch.float64)}
+    models = [ok, nan, inf, big]
+    expected = [all(torch.isfinite(t).all() for t in m.values() if t.is_floating_point()) for m in models]
+    assert finite_models(models) == expected == [True, False, False, True]
