@@ -318,6 +318,7 @@ def train_steps(model: nn.Module, opt: torch.optim.Optimizer, gen: torch.Generat
     here is; one that keeps state across batches outside ``gen`` would see its state advanced twice).
     """
     start = (get_weights(model), copy.deepcopy(opt.state_dict()), gen.get_state())
+    _DEVICE_GENS.pop(gen, None)  # a device generator for ``gen`` is made anew from ``gen`` in each pass
     kept = []
     for loss in losses():
         kept.append(loss.detach())
@@ -328,6 +329,7 @@ def train_steps(model: nn.Module, opt: torch.optim.Optimizer, gen: torch.Generat
     set_weights(model, start[0])
     opt.load_state_dict(start[1])
     gen.set_state(start[2])
+    _DEVICE_GENS.pop(gen, None)
     values = []
     for loss in losses():
         values.append(sgd_step(opt, loss))
