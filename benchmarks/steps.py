@@ -145,6 +145,40 @@ def ops_ratios(model: str, methods=("fedavg", "fedprox", "feddyn"), epochs=(1, 2
     return {m: (v, v / per[methods[0]]) for m, v in per.items()}
 
 
+def term_ops(model_name: str) -> dict:
+    """Dispatched ops of one batch-10 SGD step (forward, backward, step) of ``model_name`` on 32x32
+    images, alone and with the proximal / FedDyn linear term written tensor by tensor (the former
+    form) or fused (``engine.prox_sq`` / ``engine.linear_term``), measured in this one process."""
+    from fedlnl.methods.common import engine
+    from fedlnl.models.lenet import LeNet
+    from fedlnl.models.resnet import resnet18
+
+    torch.manual_seed(0)
+    model = {"lenet": LeNet, "resnet18": resnet18}[model_name](10, (3, 32, 32))
+    params = list(model.parameters())
+    anchor = [p.detach().clone() for p in params]
+    coef = [torch.randn_like(p) for p in params]
+    opt = torch.optim.SGD(params, lr=0.01, momentum=0.5)
+    x, y = torch.randn(10, 3, 32, 32), torch.randint(0, 10, (10,))
+    terms = {
+        "none": lambda: 0.0,
+        "prox per tensor": lambda: 0.005 * sum(((p - a) ** 2).sum() for p, a in zip(params, anchor)),
+        "prox fused": lambda: 0.005 * engine.prox_sq(model, anchor),
+        "linear per tensor": lambda: 0.1 * sum((p * c).sum() for p, c in zip(params, coef)),
+        "linear fused": lambda: 0.1 * engine.linear_term(params, coef),
+    }
+    out = {}
+    for name, term in terms.items():
+        ops = Ops()
+        with ops:
+            loss = torch.nn.functional.cross_entropy(model(x), y) + term()
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+        out[name] = ops.n
+    return out
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--methods", nargs="*", default=None, help="default: every conf/method YAML")
@@ -169,6 +203,10 @@ def main(argv=None):
         if args.json:
             print(json.dumps({"method": m, **r}))
         print(f"| {m} | {r['reads']:.2f} | {r['moves']:.2f} | {r['ops']:.0f} | {hours:.2f} |", flush=True)
+    for model in ("lenet", "resnet18"):
+        ops = term_ops(model)
+        print(f"{model}: aten ops of one SGD step, {len(ops)} forms in this process: "
+              + ", ".join(f"{k} {v} ({v / ops['none']:.2f}x)" for k, v in ops.items()), flush=True)
     for model in args.ops_models:
         ratios = ops_ratios(model)
         print(f"{model}: aten ops per step " + ", ".join(f"{m} {v:.0f} ({q:.2f}x)" for m, (v, q) in ratios.items()),
