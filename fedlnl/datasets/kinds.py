@@ -68,6 +68,7 @@ _loaded = False
 
 def _register(table: dict[str, Kind], what: str, name: str, **spec) -> Callable:
     def decorator(fn: Callable) -> Callable:
+        _load()  # the built-in kinds first, so they lead every list of allowed kinds
         if name in table and table[name].fn is not fn:
             raise ValueError(f"{what} kind {name!r} is registered twice ({table[name].fn.__module__} and "
                              f"{fn.__module__})")

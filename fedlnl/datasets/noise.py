@@ -196,6 +196,13 @@ def nominal_rate_problem(noise: Mapping) -> str | None:
     before any data is loaded."""
     if noise.get("kind") in HUMAN_KINDS and noise.get("label_set") not in PUBLISHED_RATES:
         return f"noise.label_set={noise.get('label_set')} has no published noise rate here"
+    kinds = [noise.get("kind")]
+    if noise.get("kind") == "mixed":
+        kinds = [g.get("kind") for g in noise.get("groups") or [] if hasattr(g, "get")]
+    for kind in kinds:
+        spec = _noises().get(kind)
+        if spec is not None and spec.levels and spec.share is None:
+            return f"noise kind {kind} declares no share of labels it changes (its registered share)"
     return None
 
 
