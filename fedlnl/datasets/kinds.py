@@ -7,11 +7,13 @@ declaration carries everything the rest of the suite reads about the kind:
   ``ValueError("KEY=VALUE is invalid: allowed ...")``;
 - ``setting``: the keys that name its setting in a run's ``setting`` (``summary.json``; the report
   groups runs by them), and ``setting_of(node)`` when they are not plain copies of config keys;
-- ``label``: its report column label, ``label(setting, fmt)`` (``fmt`` formats one value).
+- ``label``: its report column label, ``label(setting, fmt)`` (``fmt`` formats one value); a noise
+  kind on Eq. 4's levels is labelled by its (rho, tau) instead.
 
 A new kind is therefore one decorated function plus its YAML (``conf/partition/<kind>.yaml`` or
 ``conf/noise/<kind>.yaml`` with ``kind: <kind>``); a kind defined outside fedlnl registers when its
-module is imported. Registration order is the order of the ``allowed ...`` lists in errors.
+module is imported. The built-in kinds come first, then the others in registration order: the order
+of the ``allowed ...`` lists in errors.
 
 Pure Python on purpose: the report reads labels and setting keys from here without torch.
 """

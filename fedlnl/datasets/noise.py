@@ -284,7 +284,7 @@ def _asymmetric_share(lo, hi, noise, m, classes) -> float:
     return (lo + hi) / 2.0 * float((dest >= 0).sum()) / m
 
 
-@noise_kind("asymmetric", keys=LEVEL_KEYS + ("map", "count"), check=check_levels, setting=("map",),
+@noise_kind("asymmetric", keys=LEVEL_KEYS + ("count", "map"), check=check_levels, setting=("map",),
             group=True, share=_asymmetric_share)
 def asymmetric(flip: _Flipper, ix: np.ndarray, mu: float):
     return mapped(flip, ix, mu, flip.dest(flip.map_spec))
