@@ -91,7 +91,8 @@ def test_second_view_keeps_shape_changes_images_and_draws_per_sample_or_per_batc
 
 
 def test_rotation_by_ninety_degrees_moves_a_pixel_counter_clockwise(monkeypatch):
-    monkeypatch.setattr(views, "_draw", lambda n, per_sample, gen, low=0.0, high=1.0: torch.full((n,), 90.0))
+    monkeypatch.setattr(views, "_draw", lambda n, per_sample, gen, device, low=0.0, high=1.0:
+                        torch.full((n,), 90.0, device=device))
     one = torch.zeros(1, 1, 3, 3)
     one[0, 0, 0, 1] = 1.0  # top middle -> middle left (torchvision's positive angle)
     want = torch.zeros(1, 1, 3, 3)
