@@ -30,7 +30,7 @@ from fedlnl.benchmark import compose, device, preflight
 from fedlnl.benchmark.lock import CellLock, LockError
 from fedlnl.benchmark.metrics import accuracy_summary, cost_to_target
 from fedlnl.benchmark.oracle import OracleScorer
-from fedlnl.benchmark.rundir import check_run_dir, completed, config_hash
+from fedlnl.benchmark.rundir import check_identity, check_run_dir, completed, config_hash
 from fedlnl.benchmark.setting import setting_of
 from fedlnl.benchmark.sinks import JsonlSink, Sinks, WandbSink, write_json_atomic
 from fedlnl.benchmark.stop import StopRequest
@@ -71,6 +71,7 @@ class Runner:
     def prepare(self) -> None:
         cfg = self.cfg
         self.device = device.place(cfg)
+        self.identity = device.identity(self.device, str(cfg.get("determinism", "strict")))
         cell = preflight.build_cell(cfg, self.method, model_name(cfg), self.device)  # raises ConfigError
         self.fed, self.info, self.model, self.total = cell.fed, cell.info, cell.model, cell.total
         src = self.fed.source
@@ -108,7 +109,7 @@ class Runner:
         no temporary file, and raises OSError naming the file and the free space."""
         tmp = self.run_dir / ".checkpoint.pt.tmp"
         try:
-            torch.save({"config_hash": self.hash, "round": rnd, "state": state, "labels": self.labels,
+            torch.save({"config_hash": self.hash, "identity": self.identity, "round": rnd, "state": state, "labels": self.labels,
                         "scorer": (self.scorer.num_relabels, self.scorer.num_correct_relabels, self.scorer.latest,
                                    self.scorer.mu_hat, self.scorer.flagged), "records": self.records,
                         "rows": self.rows, "comm": self.comm, "bytes": self.bytes_up, "steps": self.steps,
@@ -273,7 +274,7 @@ class Runner:
             "federation_hash": self.fed.hash, "federation": federation_stats(self.fed),
             "detection": dict(self.scorer.latest), "git_commit": git_commit(),
             "setting": setting_of(self.resolved), "config": self.resolved, "config_hash": self.hash,
-            "device": str(self.device),
+            "device": str(self.device), "identity": self.identity,
         }
         sinks.summary(summary)
         sinks.close(status)
@@ -300,6 +301,8 @@ def run(cfg: DictConfig, run_dir: Path, method_name: str, group: str = "single",
     method = preflight.check_cell(cfg, compose.typed_keys(typed))
     runner = Runner(cfg, run_dir, method_name, group, method)
     check_run_dir(run_dir, runner.hash, runner.resolved)  # another config's run, a .lock that is no file
+    # this config's run recorded on another device kind or determinism mode: never continued or skipped
+    check_identity(run_dir, runner.hash, device.identity(device.place(cfg), str(cfg.get("determinism", "strict"))))
     if cfg.get("skip_complete", True):
         done = completed(run_dir, runner.hash)
         if done:
