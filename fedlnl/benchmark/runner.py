@@ -37,6 +37,7 @@ from fedlnl.benchmark.stop import StopRequest
 from fedlnl.benchmark.validate import ConfigError
 from fedlnl.datasets.federation import federation_stats
 from fedlnl.methods.common import engine
+from fedlnl.models.layers import random_source
 from fedlnl.methods.common.protocol import ALL_CLIENTS, ClientView, RoundContext
 
 log = logging.getLogger("fedlnl")
@@ -160,7 +161,8 @@ class Runner:
         if resumed:
             state, start = resumed
         else:
-            state = self.method.init(self.model, self.info, self.context(0))
+            with random_source(self.context(0).generator("dropout", "server")):
+                state = self.method.init(self.model, self.info, self.context(0))
         sinks = self.open_sinks()
         status = "complete"
         every = int(self.cfg.fl.eval_every)
@@ -173,11 +175,15 @@ class Runner:
             for rnd in bar:
                 ctx = self.context(rnd)
                 ids = self.method.sample_clients(state, ctx)
-                updates = [self.method.client_update(state, self.view(k), ctx) for k in ids]
+                updates = []
+                for k in ids:  # dropout masks from each client's own stream (models/layers.py)
+                    with random_source(ctx.generator("dropout", k)):
+                        updates.append(self.method.client_update(state, self.view(k), ctx))
                 self.comm += sum(1 for k in ids if k != ALL_CLIENTS)
                 self.bytes_up += sum(engine.payload_bytes(u.weights) + engine.payload_bytes(u.payload)
                                      for u in updates)
-                state, agg = self.method.aggregate(state, updates, ctx)
+                with random_source(ctx.generator("dropout", "server")):
+                    state, agg = self.method.aggregate(state, updates, ctx)
                 losses = [u.train_loss for u in updates]
                 diverged = any(not math.isfinite(x) for x in losses)
                 if diverged or (rnd + 1) % every == 0 or rnd + 1 == self.total:
