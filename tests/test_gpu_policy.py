@@ -249,3 +249,45 @@ def test_vgg11_trains_the_same_whatever_the_global_rng():
         with random_source(torch.Generator().manual_seed(5)):
             outs.append(model(x))
     assert torch.equal(outs[0], outs[1])
+
+
+# ------------------------------------------------------------------ data placement
+@pytest.mark.parametrize("method", ["fedavg", "rofl"])
+def test_host_placement_gives_byte_identical_metrics(tmp_path, method):
+    """``data_placement=host`` runs its own gather (pinned staging and side-stream copy where CUDA
+    exists) and must give the bytes device placement gives."""
+    sums = {}
+    for where in ("device", "host"):
+        run_dir = tmp_path / where
+        code, out, err = cli([*TINY, "threads=1", f"method={method}", "noise.rho_tau=[0.6,0.5]",
+                              f"data_placement={where}", f"hydra.run.dir={run_dir}"], tmp_path)
+        assert code == 0, err
+        assert f"training images on the {where}" in (run_dir / "run.log").read_text()
+        sums[where] = (run_dir / "metrics.jsonl").read_bytes()
+    assert sums["host"] == sums["device"]
+
+
+def test_auto_placement_rule(monkeypatch):
+    from fedlnl.methods.common.placement import DEVICE_SHARE, choose
+
+    cpu, cuda = torch.device("cpu"), torch.device("cuda:0")
+    assert choose("auto", 10**12, cpu) == "device" and choose("host", 10, cpu) == "host"
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda d=None: (80 * 10**9, 80 * 10**9))
+    assert choose("auto", int(DEVICE_SHARE * 80e9) - 1, cuda) == "device"
+    assert choose("auto", int(DEVICE_SHARE * 80e9) + 1, cuda) == "host"
+    assert choose("auto", 10**6, cuda, full_clothing1m=True) == "host"  # whatever the card says
+    assert choose("device", 10**12, cuda) == "device"  # an explicit choice is kept
+
+
+def test_stream_images_equal_images_in_order():
+    from fedlnl.methods.common import engine
+
+    x = torch.randint(0, 255, (50, 3, 8, 8), dtype=torch.uint8, generator=torch.Generator().manual_seed(4))
+    aug = {"crop": 8, "pad": 2, "flip": True}
+    batches = list(torch.randperm(50, generator=torch.Generator().manual_seed(5)).split(7))
+    for where in ("device", "host"):
+        data = engine.TensorData.build(x, [0.5] * 3, [0.25] * 3, aug, "cpu", where)
+        g1, g2 = torch.Generator().manual_seed(6), torch.Generator().manual_seed(6)
+        one = [data.images(b, augment=True, gen=g1) for b in batches]
+        streamed = list(data.stream_images(batches, augment=True, gen=g2))
+        assert all(torch.equal(a, b) and a.stride() == b.stride() for a, b in zip(one, streamed))

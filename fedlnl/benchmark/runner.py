@@ -36,7 +36,7 @@ from fedlnl.benchmark.sinks import JsonlSink, Sinks, WandbSink, write_json_atomi
 from fedlnl.benchmark.stop import StopRequest
 from fedlnl.benchmark.validate import ConfigError
 from fedlnl.datasets.federation import federation_stats
-from fedlnl.methods.common import engine
+from fedlnl.methods.common import engine, placement
 from fedlnl.models.layers import random_source
 from fedlnl.methods.common.protocol import ALL_CLIENTS, ClientView, RoundContext
 
@@ -76,7 +76,10 @@ class Runner:
         cell = preflight.build_cell(cfg, self.method, model_name(cfg), self.device)  # raises ConfigError
         self.fed, self.info, self.model, self.total = cell.fed, cell.info, cell.model, cell.total
         src = self.fed.source
-        self.train = engine.TensorData.build(src.x_train, src.mean, src.std, src.augment, self.device)
+        full_clothing1m = cfg.dataset.name == "clothing1m" and cfg.dataset.get("max_train") is None
+        where = placement.choose(str(cfg.get("data_placement", "auto")), src.x_train.numel() * src.x_train.element_size(),
+                                 self.device, full_clothing1m)
+        self.train = engine.TensorData.build(src.x_train, src.mean, src.std, src.augment, self.device, where)
         self.test = engine.TensorData.build(src.x_test, src.mean, src.std, None, self.device)
         self.test_labels = src.y_test.to(self.device)
         self.labels = self.fed.labels.clone().to(self.device)  # observed labels; relabels land here
@@ -86,7 +89,8 @@ class Runner:
         self.records: dict = {}  # ctx.record(...) diagnostics, written to diagnostics.json
         self.effective = compose.effective(self.method, self.resolved["method"], int(cfg.fl.rounds), self.info)
         log.info("effective: %s", json.dumps(self.effective, sort_keys=True))
-        log.info("device %s, %d torch threads", self.device, torch.get_num_threads())
+        log.info("device %s (%s, determinism %s), training images on the %s, %d torch threads", self.device,
+                 self.identity["gpu"] or "no GPU", self.identity["determinism"], where, torch.get_num_threads())
 
     def view(self, k: int) -> ClientView:
         idx = torch.arange(self.labels.numel(), device=self.device) if k == ALL_CLIENTS else self.client_idx[k]
