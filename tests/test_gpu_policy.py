@@ -291,3 +291,20 @@ def test_stream_images_equal_images_in_order():
         one = [data.images(b, augment=True, gen=g1) for b in batches]
         streamed = list(data.stream_images(batches, augment=True, gen=g2))
         assert all(torch.equal(a, b) and a.stride() == b.stride() for a, b in zip(one, streamed))
+
+
+def test_a_sweep_refuses_a_cell_recorded_on_another_device_before_running_any(tmp_path):
+    sweep = tmp_path / "sweep"
+    args = ["-m", *TINY, "threads=1", "seed=0", "method=fedavg", "noise.rho_tau=[0.0,0.0],[0.6,0.5]",
+            f"hydra.sweep.dir={sweep}"]
+    code, out, err = cli(args, tmp_path)
+    assert code == 0, err
+    paths = sorted(sweep.glob("*/summary.json"))
+    assert len(paths) == 2
+    summary = json.loads(paths[0].read_text())
+    summary["identity"]["device_kind"] = "cuda"
+    paths[0].write_text(json.dumps(summary))
+    stamps = {p: p.stat().st_mtime_ns for p in sweep.rglob("*") if p.is_file()}
+    code, out, err = cli(args, tmp_path)
+    assert code == 2 and "(recorded -> now: device kind cuda -> cpu)" in err and "1 of 2 cells are invalid; nothing was run" in err
+    assert {p: p.stat().st_mtime_ns for p in sweep.rglob("*") if p.is_file()} == stamps

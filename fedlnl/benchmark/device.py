@@ -57,6 +57,14 @@ def place(cfg) -> torch.device:
     return dev
 
 
+def run_identity(cfg) -> dict:
+    """The identity a run of ``cfg`` would have on this machine (its device resolved, nothing applied)."""
+    mode = str(cfg.get("determinism", "strict"))
+    if mode == "strict":
+        set_cublas_workspace()
+    return identity(resolve_device(str(cfg.device)), mode)
+
+
 def set_cublas_workspace() -> None:
     """``CUBLAS_WORKSPACE_CONFIG`` for reproducible cuBLAS, unless the user set it; warns when CUDA
     is already initialised in this process (handles made before keep their workspace)."""

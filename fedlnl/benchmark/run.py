@@ -145,8 +145,7 @@ def precheck(argv: list[str]) -> int | None:
         if "${now:" not in template:  # a directory the user chose: it may hold another run
             check_run_dir(run_dir, config_hash(resolved), resolved)
             if not job.get("dry_run"):
-                check_identity(run_dir, config_hash(resolved),
-                               device.identity(device.place(job), str(job.get("determinism", "strict"))))
+                check_identity(run_dir, config_hash(resolved), device.run_identity(job))
         dry = bool(job.get("dry_run"))
         try:
             cell = preflight.build_cell(job, method, str(cfg.hydra.runtime.choices.get("model", "model")))

@@ -312,7 +312,7 @@ def run(cfg: DictConfig, run_dir: Path, method_name: str, group: str = "single",
     runner = Runner(cfg, run_dir, method_name, group, method)
     check_run_dir(run_dir, runner.hash, runner.resolved)  # another config's run, a .lock that is no file
     # this config's run recorded on another device kind or determinism mode: never continued or skipped
-    check_identity(run_dir, runner.hash, device.identity(device.place(cfg), str(cfg.get("determinism", "strict"))))
+    check_identity(run_dir, runner.hash, device.run_identity(cfg))
     if cfg.get("skip_complete", True):
         done = completed(run_dir, runner.hash)
         if done:
