@@ -10,7 +10,6 @@ two agree to float rounding (tests/test_gpu_policy.py).
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 
 def group_sum(values: torch.Tensor, index: torch.Tensor, size: int) -> torch.Tensor:
@@ -24,5 +23,5 @@ def group_sum(values: torch.Tensor, index: torch.Tensor, size: int) -> torch.Ten
 
 def onehot_sum(values: torch.Tensor, index: torch.Tensor, size: int) -> torch.Tensor:
     """``group_sum`` as onehot(index)ᵀ · values: the formulation used off the CPU."""
-    onehot = F.one_hot(index.long(), size).to(values.dtype)  # [n, size]
+    onehot = (index.long()[:, None] == torch.arange(size, device=index.device)).to(values.dtype)  # [n, size]
     return (onehot.T @ values.reshape(values.shape[0], -1)).reshape(size, *values.shape[1:])
