@@ -89,8 +89,9 @@ class Runner:
         self.records: dict = {}  # ctx.record(...) diagnostics, written to diagnostics.json
         self.effective = compose.effective(self.method, self.resolved["method"], int(cfg.fl.rounds), self.info)
         log.info("effective: %s", json.dumps(self.effective, sort_keys=True))
-        log.info("device %s (%s, determinism %s), training images on the %s, %d torch threads", self.device,
-                 self.identity["gpu"] or "no GPU", self.identity["determinism"], where, torch.get_num_threads())
+        log.info("device %s, %d torch threads", self.device, torch.get_num_threads())
+        log.info("GPU: %s, determinism %s, training images on the %s", self.identity["gpu"] or "none",
+                 self.identity["determinism"], where)
 
     def view(self, k: int) -> ClientView:
         idx = torch.arange(self.labels.numel(), device=self.device) if k == ALL_CLIENTS else self.client_idx[k]
