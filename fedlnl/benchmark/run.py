@@ -19,7 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 from fedlnl.conf import resolvers  # noqa: F401  (registers ${fidelity:...})
 from fedlnl.benchmark import compose, device, preflight
 from fedlnl.benchmark.lock import CellLock
-from fedlnl.benchmark.rundir import check_run_dir, config_hash
+from fedlnl.benchmark.rundir import check_identity, check_run_dir, config_hash
 from fedlnl.benchmark.runner import run
 from fedlnl.benchmark.validate import ConfigError
 
@@ -144,6 +144,8 @@ def precheck(argv: list[str]) -> int | None:
             check_writable(run_dir, "hydra.run.dir")
         if "${now:" not in template:  # a directory the user chose: it may hold another run
             check_run_dir(run_dir, config_hash(resolved), resolved)
+            if not job.get("dry_run"):
+                check_identity(run_dir, config_hash(resolved), device.run_identity(job))
         dry = bool(job.get("dry_run"))
         try:
             cell = preflight.build_cell(job, method, str(cfg.hydra.runtime.choices.get("model", "model")))

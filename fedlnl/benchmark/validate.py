@@ -165,9 +165,11 @@ def validate(cfg: DictConfig, num_train: int | None = None) -> None:
         if value not in ("paper", "reference"):
             _fail(key, value, "paper, reference")
     device = cfg.get("device", "auto")
-    if not isinstance(device, str) or not (device in ("auto", "cpu") or device == "cuda"
+    if not isinstance(device, str) or not (device in ("auto", "cpu", "cuda", "mps")
                                            or (device.startswith("cuda:") and device[5:].isdigit())):
-        _fail("device", device, "auto, cpu, cuda, cuda:N")
+        _fail("device", device, "auto, cpu, cuda, cuda:N, mps")
+    _choice(cfg, "determinism", ("strict", "fast"))
+    _choice(cfg, "data_placement", ("auto", "device", "host"))
     for key in ("name", "variant", "preset", "table_key"):
         value = _get(cfg, key)
         if value is not _MISSING and value is not None and not isinstance(value, str):

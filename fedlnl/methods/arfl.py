@@ -101,6 +101,17 @@ def irls_block(y: torch.Tensor, lam: float) -> tuple[torch.Tensor, torch.Tensor]
     return w, line
 
 
+def add_corrections(flat: torch.Tensor, coords: torch.Tensor, clients: torch.Tensor, values: torch.Tensor,
+                    n: int) -> None:
+    """flat[coords[i]] += values[i], coordinates repeated across clients: one client at a time, in
+    client order, so each op writes distinct coordinates (no atomic scatter on a GPU) and every
+    coordinate receives its additions in the order ``index_add_`` gives them on the CPU (equal bits)."""
+    for j in range(n):
+        pick = clients == j
+        idx = coords[pick]
+        flat[idx] = flat[idx] + values[pick]
+
+
 def irls_aggregate(weights: list[dict[str, torch.Tensor]], lam: float, delta: float):
     """ARFL's residual-based reweighting (``IRLS_aggregation_split_restricted``).
 
@@ -135,8 +146,7 @@ def irls_aggregate(weights: list[dict[str, torch.Tensor]], lam: float, delta: fl
         coef = s / s.sum()
     out = engine.weighted_average(ws, coef.cpu().numpy())
     for key, coords, clients, diff in corrections:
-        flat = out[key].view(-1)
-        flat.index_add_(0, coords, (coef[clients] * diff.double()).to(flat.dtype))
+        add_corrections(out[key].view(-1), coords, clients, (coef[clients] * diff.double()).to(out[key].dtype), n)
     full = torch.zeros(len(weights), dtype=torch.float64)
     full[valid] = coef.cpu()
     return out, full

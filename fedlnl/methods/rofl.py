@@ -101,7 +101,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from fedlnl.methods.common import checks, engine
+from fedlnl.methods.common import checks, engine, scatter
 from fedlnl.methods.common.protocol import ClientUpdate, UpdatePlan, local_steps
 from fedlnl.methods.fedavg import FedAvg
 
@@ -111,8 +111,7 @@ NOISE = "noise"
 
 def class_means(feats: torch.Tensor, labels: torch.Tensor, num_classes: int) -> torch.Tensor:
     """[C, d] mean feature per label; classes without samples get the zero vector."""
-    sums = torch.zeros(num_classes, feats.shape[1], dtype=feats.dtype, device=feats.device)
-    sums.index_add_(0, labels, feats)
+    sums = scatter.group_sum(feats, labels, num_classes)  # deterministic on every device
     counts = torch.bincount(labels, minlength=num_classes).clamp_min(1).to(feats.dtype)
     return sums / counts[:, None]
 

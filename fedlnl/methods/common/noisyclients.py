@@ -16,7 +16,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from fedlnl.methods.common import engine
+from fedlnl.methods.common import engine, scatter
 
 DISTANCES = ("l2", "sum_of_norms")
 GMM_SEEDS = ("fixed", "run")
@@ -41,8 +41,7 @@ def la_loss(logits, labels, adj):
 # ----------------------------------------------------------------------------------- detection
 def per_class_losses(losses: torch.Tensor, labels: torch.Tensor, num_classes: int) -> np.ndarray:
     """l_k^c: mean loss of the samples observed as class c (nan where the client has none)."""
-    sums = torch.zeros(num_classes, dtype=torch.float64, device=losses.device)
-    sums.index_add_(0, labels, losses.double())
+    sums = scatter.group_sum(losses.double(), labels, num_classes)  # deterministic on every device
     counts = torch.bincount(labels, minlength=num_classes).double()
     out = (sums / counts.clamp_min(1)).cpu().numpy()
     out[counts.cpu().numpy() == 0] = np.nan
