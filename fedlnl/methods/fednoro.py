@@ -91,8 +91,6 @@ from __future__ import annotations
 
 import copy
 import math
-import warnings
-from collections import Counter
 
 import numpy as np
 import torch

@@ -24,7 +24,6 @@ from __future__ import annotations
 import copy
 import math
 import warnings
-from collections.abc import Callable
 
 import numpy as np
 import torch
