@@ -1,7 +1,7 @@
 """Checks of the dataset, partition and noise options before any data is loaded.
 
-``check_options`` raises a one-line ``ValueError`` ``"KEY=VALUE is invalid: allowed ..."`` for the
-first bad option: unknown keys, kinds, shares, concentrations, integer counts, map entries, mixed
+``check_options`` raises the one-line ``ConfigError`` (a ValueError) of ``fedlnl.conf.checks``,
+``"KEY=VALUE is invalid: allowed ..."``, for the first bad option: unknown keys, kinds, shares, concentrations, integer counts, map entries, mixed
 groups, image sizes and the loaders' own keys (read from the loader's signature). Data-dependent
 conditions (enough samples per client, class names of a map, files) are checked when the federation
 is built.
@@ -9,11 +9,13 @@ is built.
 from __future__ import annotations
 
 import inspect
-import math
 from typing import Any, Mapping
 
 from omegaconf import DictConfig, OmegaConf
 
+from fedlnl.conf import checks
+from fedlnl.conf.checks import fail as _fail
+from fedlnl.conf.checks import is_number as _num
 from . import noise as noisemod
 from . import partition as partmod
 from .labelmaps import NAMED_MAPS
@@ -38,10 +40,6 @@ NOISE_KEYS = {
 }
 assert set(NOISE_KEYS) == set(noisemod.KINDS + noisemod.HUMAN_KINDS)
 assert set(PARTITION_KEYS) == set(partmod.KINDS)
-
-
-class _Invalid(ValueError):
-    pass
 
 
 def check_options(dataset_cfg: Mapping[str, Any], partition_cfg: Mapping[str, Any],
@@ -114,8 +112,8 @@ def check_noise(noise: dict) -> None:
         _one_of("noise.count", noise["count"], noisemod.COUNTS)
     if "label_range" in noise:
         _one_of("noise.label_range", noise["label_range"], noisemod.LABEL_RANGES)
-    if "exclude_true" in noise and not isinstance(noise["exclude_true"], bool):
-        _fail("noise.exclude_true", noise["exclude_true"], "true or false")
+    if "exclude_true" in noise:
+        checks.flag("noise.exclude_true", noise["exclude_true"])
     if "std" in noise:
         _number("noise.std", noise["std"], lambda v: v >= 0, "a standard deviation >= 0")
     if "map" in noise:
@@ -131,7 +129,7 @@ def check_map(spec) -> None:
         _fail("noise.map", spec, f"{', '.join(NAMED_MAPS)} or a mapping {{source class: destination class}}")
     for a, b in spec.items():
         for c in (a, b):
-            ok = (isinstance(c, int) and not isinstance(c, bool) and c >= 0) or (isinstance(c, str) and c.strip())
+            ok = checks.is_int(c, 0) or (isinstance(c, str) and c.strip())
             if not ok:
                 _fail(f"noise.map.{a}", b, "class indices >= 0 or class names on both sides")
 
@@ -170,12 +168,7 @@ def _loader_params(target: str) -> tuple[str, ...] | None:
     return tuple(p.name for p in params if p.kind in kinds)
 
 
-def _int(v, lowest: int) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool) and v >= lowest
-
-
-def _num(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+_int = checks.is_int
 
 
 def _size(v) -> bool:
@@ -235,24 +228,12 @@ _DATASET_RULES = {
 # helpers
 
 
-def _fail(key: str, value, allowed: str):
-    raise _Invalid(f"{key}={value!r} is invalid: allowed {allowed}")
-
-
 def _one_of(key: str, value, allowed) -> str:
-    if not isinstance(value, str) or value not in allowed:
-        _fail(key, value, ", ".join(allowed))
-    return value
+    return checks.choice(key, value, allowed, text=True)
 
 
-def _number(key: str, value, ok, allowed: str) -> None:
-    if not _num(value) or not ok(value):
-        _fail(key, value, allowed)
-
-
-def _integer(key: str, value, lowest: int) -> None:
-    if not _int(value, lowest):
-        _fail(key, value, f"an integer >= {lowest}")
+_number = checks.number
+_integer = checks.integer
 
 
 def _known_keys(group: str, kind: str, cfg: dict, keys: tuple[str, ...]) -> None:

@@ -45,7 +45,8 @@ import math
 
 import torch
 
-from fedlnl.methods.common import checks, engine
+from fedlnl.conf import checks
+from fedlnl.methods.common import engine
 from fedlnl.methods.fedavg import FedAvg
 
 #: the reference's constant in the scale of residuals: 1.4826 (1 + 5/(n−1)) · MAD-like statistic
@@ -146,8 +147,8 @@ class ARFL(FedAvg):
     family = "robust aggregation"
 
     def __init__(self, fl, lam, delta):
-        checks.number("lam", lam, lambda v: v > 0, "a Huber constant λ > 0")
-        checks.number("delta", delta, lambda v: 0.0 <= v <= 1.0, "a clipping threshold in [0, 1]")
+        checks.number("method.lam", lam, lambda v: v > 0, "a Huber constant λ > 0")
+        checks.number("method.delta", delta, lambda v: 0.0 <= v <= 1.0, "a clipping threshold in [0, 1]")
         super().__init__(fl)
         self.lam, self.delta = lam, delta
 

@@ -35,7 +35,8 @@ refused before training (methods.md R3). A number is accepted in either mode.
 """
 from __future__ import annotations
 
-from fedlnl.methods.common import checks, lnl, pair
+from fedlnl.conf import checks
+from fedlnl.methods.common import lnl, pair
 from fedlnl.methods.common.protocol import UpdatePlan, local_steps
 from fedlnl.methods.fedavg import FedAvg
 
@@ -45,11 +46,11 @@ class Coteaching(FedAvg):
 
     def __init__(self, fl, forget_rate, gradual_share, schedule, keep_rounding, second_init):
         lnl.check_rate("forget_rate", forget_rate)
-        checks.number("gradual_share", gradual_share, lambda v: 0.0 <= v <= 1.0,
+        checks.number("method.gradual_share", gradual_share, lambda v: 0.0 <= v <= 1.0,
                       "a share of the rounds in [0, 1] (T_k = max(1, share·rounds))")
-        checks.choice("schedule", schedule, lnl.SCHEDULES)
-        checks.choice("keep_rounding", keep_rounding, lnl.ROUNDINGS)
-        checks.choice("second_init", second_init, ("all", "head"))
+        checks.choice("method.schedule", schedule, lnl.SCHEDULES)
+        checks.choice("method.keep_rounding", keep_rounding, lnl.ROUNDINGS)
+        checks.choice("method.second_init", second_init, ("all", "head"))
         super().__init__(fl)
         self.forget_rate, self.gradual_share, self.schedule = forget_rate, gradual_share, schedule
         self.keep_rounding, self.second_init = keep_rounding, second_init

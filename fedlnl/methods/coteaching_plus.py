@@ -29,7 +29,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from fedlnl.methods.common import checks, lnl, pair
+from fedlnl.conf import checks
+from fedlnl.methods.common import lnl, pair
 from fedlnl.methods.common.protocol import UpdatePlan, local_steps
 from fedlnl.methods.fedavg import FedAvg
 
@@ -43,14 +44,14 @@ class CoteachingPlus(FedAvg):
     def __init__(self, fl, forget_rate, gradual_share, schedule, keep_rounding, init_round, loss_on,
                  empty_disagreement, second_init):
         lnl.check_rate("forget_rate", forget_rate)
-        checks.number("gradual_share", gradual_share, lambda v: 0.0 <= v <= 1.0,
+        checks.number("method.gradual_share", gradual_share, lambda v: 0.0 <= v <= 1.0,
                       "a share of the rounds in [0, 1] (E_k = max(1, share·rounds))")
-        checks.choice("schedule", schedule, lnl.SCHEDULES)
-        checks.choice("keep_rounding", keep_rounding, lnl.ROUNDINGS)
-        checks.integer("init_round", init_round, 0)
-        checks.choice("loss_on", loss_on, LOSS_ON)
-        checks.choice("empty_disagreement", empty_disagreement, EMPTY)
-        checks.choice("second_init", second_init, ("all", "head"))
+        checks.choice("method.schedule", schedule, lnl.SCHEDULES)
+        checks.choice("method.keep_rounding", keep_rounding, lnl.ROUNDINGS)
+        checks.integer("method.init_round", init_round, 0)
+        checks.choice("method.loss_on", loss_on, LOSS_ON)
+        checks.choice("method.empty_disagreement", empty_disagreement, EMPTY)
+        checks.choice("method.second_init", second_init, ("all", "head"))
         super().__init__(fl)
         self.forget_rate, self.gradual_share, self.schedule = forget_rate, gradual_share, schedule
         self.keep_rounding, self.init_round, self.loss_on = keep_rounding, init_round, loss_on

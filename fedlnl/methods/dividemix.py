@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import math
 
+from fedlnl.conf import checks
 from fedlnl.methods.common import engine, semisup
 from fedlnl.methods.common.protocol import ClientUpdate, UpdatePlan, local_steps
 
@@ -62,21 +63,20 @@ class DivideMix:
                  train_weight_decay, T, alpha, p_threshold, rampup_epochs, lambda_u_low, lambda_u_high,
                  high_noise_from, noise_rho, noise_tau, gmm_max_iter, gmm_tol, gmm_reg_covar,
                  ensemble, second_init):
-        semisup.check_int("warmup_rounds", warmup_rounds, 0)
+        checks.integer("method.warmup_rounds", warmup_rounds, 0)
         for key, v in (("train_rounds", train_rounds), ("train_local_epochs", train_local_epochs),
                        ("gmm_max_iter", gmm_max_iter)):
-            semisup.check_int(key, v, 1)
+            checks.integer(f"method.{key}", v, 1)
         for key, v in (("train_lr", train_lr), ("T", T), ("alpha", alpha),
                        ("gmm_tol", gmm_tol), ("gmm_reg_covar", gmm_reg_covar)):
-            semisup.check_positive(key, v)
+            checks.positive(f"method.{key}", v)
         for key, v in (("train_momentum", train_momentum), ("train_weight_decay", train_weight_decay),
                        ("rampup_epochs", rampup_epochs), ("lambda_u_low", lambda_u_low),
                        ("lambda_u_high", lambda_u_high)):
-            semisup.check_nonneg(key, v)
-        semisup.check("p_threshold", p_threshold, isinstance(p_threshold, (int, float)) and 0 < p_threshold < 1,
-                  "a probability in (0, 1)")
-        semisup.check("ensemble", ensemble, ensemble in ("softmax", "logits"), "softmax, logits")
-        semisup.check("second_init", second_init, second_init in ("all", "head"), "all, head")
+            checks.nonnegative(f"method.{key}", v)
+        checks.number("method.p_threshold", p_threshold, lambda v: 0 < v < 1, "a probability in (0, 1)")
+        checks.choice("method.ensemble", ensemble, ("softmax", "logits"))
+        checks.choice("method.second_init", second_init, ("all", "head"))
         self.fl, self.warmup_rounds, self.train_rounds = fl, warmup_rounds, train_rounds
         self.train_local_epochs, self.train_lr = train_local_epochs, train_lr
         self.train_momentum, self.train_weight_decay = train_momentum, train_weight_decay

@@ -36,6 +36,7 @@ import math
 
 import torch.nn.functional as F
 
+from fedlnl.conf import checks
 from fedlnl.methods.common import engine, semisup
 from fedlnl.methods.common.protocol import ALL_CLIENTS, ClientUpdate, UpdatePlan, client_size, local_steps
 
@@ -53,20 +54,20 @@ class DivideMixCentral:
                  gmm_max_iter, gmm_tol, gmm_reg_covar, ensemble, second_init):
         for key, v in (("warmup_batch_size", warmup_batch_size),
                        ("epochs", epochs), ("epochs_per_round", epochs_per_round), ("gmm_max_iter", gmm_max_iter)):
-            semisup.check_int(key, v, 1)
-        semisup.check_int("warmup_epochs", warmup_epochs, 0)
-        semisup.check_int("lr_decay_epoch", lr_decay_epoch, 0)
+            checks.integer(f"method.{key}", v, 1)
+        checks.integer("method.warmup_epochs", warmup_epochs, 0)
+        checks.integer("method.lr_decay_epoch", lr_decay_epoch, 0)
         for key, v in (("lr_decay", lr_decay), ("T", T), ("alpha", alpha),
                        ("gmm_tol", gmm_tol), ("gmm_reg_covar", gmm_reg_covar)):
-            semisup.check_positive(key, v)
+            checks.positive(f"method.{key}", v)
         for key, v in (("rampup_epochs", rampup_epochs),
                        ("lambda_u_low", lambda_u_low), ("lambda_u_high", lambda_u_high)):
-            semisup.check_nonneg(key, v)
-        semisup.check("p_threshold", p_threshold, isinstance(p_threshold, (int, float)) and 0 < p_threshold < 1,
-                  "a probability in (0, 1)")
-        semisup.check("warmup_epochs", warmup_epochs, warmup_epochs < epochs, f"an integer < method.epochs={epochs}")
-        semisup.check("ensemble", ensemble, ensemble in ("softmax", "logits"), "softmax, logits")
-        semisup.check("second_init", second_init, second_init in ("all", "head"), "all, head")
+            checks.nonnegative(f"method.{key}", v)
+        checks.number("method.p_threshold", p_threshold, lambda v: 0 < v < 1, "a probability in (0, 1)")
+        if not warmup_epochs < epochs:
+            checks.fail("method.warmup_epochs", warmup_epochs, f"an integer < method.epochs={epochs}")
+        checks.choice("method.ensemble", ensemble, ("softmax", "logits"))
+        checks.choice("method.second_init", second_init, ("all", "head"))
         self.fl, self.warmup_batch_size = fl, warmup_batch_size
         self.epochs, self.warmup_epochs, self.epochs_per_round = epochs, warmup_epochs, epochs_per_round
         self.lr_decay_epoch, self.lr_decay = lr_decay_epoch, lr_decay

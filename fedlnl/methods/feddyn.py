@@ -45,7 +45,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from fedlnl.methods.common import checks, engine
+from fedlnl.conf import checks
+from fedlnl.methods.common import engine
 from fedlnl.methods.common.protocol import ClientUpdate
 
 
@@ -53,13 +54,13 @@ class FedDyn:
     family = "FL baselines"
 
     def __init__(self, fl, lr_decay, alpha, adaptive_alpha, max_grad_norm, bernoulli_sampling, eval_cloud):
-        checks.number("alpha", alpha, lambda v: v > 0, "a regularisation weight α > 0")
-        checks.number("lr_decay", lr_decay, lambda v: 0 < v <= 1, "a per-round factor in (0, 1]")
+        checks.number("method.alpha", alpha, lambda v: v > 0, "a regularisation weight α > 0")
+        checks.number("method.lr_decay", lr_decay, lambda v: 0 < v <= 1, "a per-round factor in (0, 1]")
         if max_grad_norm is not None:
-            checks.number("max_grad_norm", max_grad_norm, lambda v: v > 0, "null or a norm > 0")
+            checks.number("method.max_grad_norm", max_grad_norm, lambda v: v > 0, "null or a norm > 0")
         for key, v in (("adaptive_alpha", adaptive_alpha), ("bernoulli_sampling", bernoulli_sampling),
                        ("eval_cloud", eval_cloud)):
-            checks.flag(key, v)
+            checks.flag(f"method.{key}", v)
         self.fl, self.lr_decay = fl, lr_decay
         self.alpha, self.adaptive_alpha = alpha, adaptive_alpha
         self.max_grad_norm, self.bernoulli_sampling = max_grad_norm, bernoulli_sampling

@@ -66,7 +66,8 @@ import math
 import torch
 import torch.nn.functional as F
 
-from fedlnl.methods.common import checks, engine, semisup
+from fedlnl.conf import checks
+from fedlnl.methods.common import engine, semisup
 from fedlnl.methods.common.noisyclients import (DISTANCES, GMM_SEEDS, adjustment, detect_noisy_clients, la_loss,
                                                  two_stage_aggregate)
 from fedlnl.methods.common.protocol import ClientUpdate
@@ -105,24 +106,24 @@ class FedELC(FedAvg):
     def __init__(self, fl, warmup_rounds, K, lambda_, alpha, beta, la_tau, daagg, merge_prediction, distance,
                  gmm_votes, gmm_seeds, detect_augment):
         super().__init__(fl)
-        checks.integer("warmup_rounds", warmup_rounds, 1)
-        checks.number("K", K, lambda v: v > 0, "a label scale K > 0")
-        checks.number("lambda_", lambda_, lambda v: v >= 0, "a label learning rate λ >= 0")
+        checks.integer("method.warmup_rounds", warmup_rounds, 1)
+        checks.number("method.K", K, lambda v: v > 0, "a label scale K > 0")
+        checks.number("method.lambda_", lambda_, lambda v: v >= 0, "a label learning rate λ >= 0")
         for key, v in (("alpha", alpha), ("beta", beta)):
-            checks.number(key, v, lambda x: x >= 0, "a loss weight >= 0")
-        checks.number("la_tau", la_tau, lambda v: v >= 0, "a logit-adjustment scale τ >= 0")
+            checks.number(f"method.{key}", v, lambda x: x >= 0, "a loss weight >= 0")
+        checks.number("method.la_tau", la_tau, lambda v: v >= 0, "a logit-adjustment scale τ >= 0")
         for key, v in (("daagg", daagg), ("merge_prediction", merge_prediction), ("detect_augment", detect_augment)):
-            checks.flag(key, v)
-        checks.choice("distance", distance, DISTANCES)
-        checks.integer("gmm_votes", gmm_votes, 1)
-        checks.choice("gmm_seeds", gmm_seeds, GMM_SEEDS)
+            checks.flag(f"method.{key}", v)
+        checks.choice("method.distance", distance, DISTANCES)
+        checks.integer("method.gmm_votes", gmm_votes, 1)
+        checks.choice("method.gmm_seeds", gmm_seeds, GMM_SEEDS)
         self.warmup_rounds, self.K, self.lambda_ = warmup_rounds, float(K), float(lambda_)
         self.alpha, self.beta, self.la_tau = float(alpha), float(beta), float(la_tau)
         self.daagg, self.merge_prediction, self.distance = daagg, merge_prediction, distance
         self.gmm_votes, self.gmm_seeds, self.detect_augment = gmm_votes, gmm_seeds, detect_augment
 
     def total_rounds(self, info, rounds):
-        checks.number("warmup_rounds", self.warmup_rounds, lambda v: v < rounds,
+        checks.number("method.warmup_rounds", self.warmup_rounds, lambda v: v < rounds,
                       f"an integer < fl.rounds={rounds} (stage 2 needs at least one round)")
         return int(rounds)
 

@@ -36,7 +36,8 @@ from __future__ import annotations
 
 import torch
 
-from fedlnl.methods.common import checks, engine, robust
+from fedlnl.conf import checks
+from fedlnl.methods.common import engine, robust
 from fedlnl.methods.fedavg import FedAvg
 
 ANCHORS = ("round", "initial")
@@ -58,10 +59,10 @@ class FedExP(FedAvg):
     family = "FL baselines"
 
     def __init__(self, fl, eps, anchor, entries, eval_average):
-        checks.number("eps", eps, lambda v: v > 0, "a denominator constant ε > 0")
-        checks.choice("anchor", anchor, ANCHORS)
-        checks.choice("entries", entries, ENTRIES)
-        checks.flag("eval_average", eval_average)
+        checks.number("method.eps", eps, lambda v: v > 0, "a denominator constant ε > 0")
+        checks.choice("method.anchor", anchor, ANCHORS)
+        checks.choice("method.entries", entries, ENTRIES)
+        checks.flag("method.eval_average", eval_average)
         super().__init__(fl)
         self.eps, self.anchor, self.entries, self.eval_average = eps, anchor, entries, eval_average
 

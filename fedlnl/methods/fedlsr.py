@@ -55,7 +55,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from fedlnl.methods.common import checks, engine, views
+from fedlnl.conf import checks
+from fedlnl.methods.common import engine, views
 from fedlnl.methods.fedavg import FedAvg
 
 CLS_FORMS = ("log", "softmax")
@@ -126,16 +127,16 @@ class FedLSR(FedAvg):
                  js_reduction, view_per_sample, view_space):
         super().__init__(fl)
         for key, v in (("gamma", gamma), ("gamma_e", gamma_e)):
-            checks.number(key, v, lambda x: x >= 0, "a loss weight >= 0")
-        checks.number("inv_T_d", inv_T_d, lambda x: x > 0, "an inverse temperature 1/T_d > 0")
-        checks.number("sharpen_T", sharpen_T, lambda x: x > 0, "a sharpening temperature > 0")
-        checks.number("warmup_ratio", warmup_ratio, lambda x: 0 <= x <= 1, "a share of the rounds in [0, 1]")
-        checks.choice("view", view, views.KINDS)
-        checks.choice("cls_form", cls_form, CLS_FORMS)
-        checks.choice("entropy_form", entropy_form, ENTROPY_FORMS)
-        checks.choice("js_reduction", js_reduction, JS_REDUCTIONS)
-        checks.flag("view_per_sample", view_per_sample)
-        checks.choice("view_space", view_space, views.SPACES)
+            checks.number(f"method.{key}", v, lambda x: x >= 0, "a loss weight >= 0")
+        checks.number("method.inv_T_d", inv_T_d, lambda x: x > 0, "an inverse temperature 1/T_d > 0")
+        checks.number("method.sharpen_T", sharpen_T, lambda x: x > 0, "a sharpening temperature > 0")
+        checks.number("method.warmup_ratio", warmup_ratio, lambda x: 0 <= x <= 1, "a share of the rounds in [0, 1]")
+        checks.choice("method.view", view, views.KINDS)
+        checks.choice("method.cls_form", cls_form, CLS_FORMS)
+        checks.choice("method.entropy_form", entropy_form, ENTROPY_FORMS)
+        checks.choice("method.js_reduction", js_reduction, JS_REDUCTIONS)
+        checks.flag("method.view_per_sample", view_per_sample)
+        checks.choice("method.view_space", view_space, views.SPACES)
         self.gamma, self.gamma_e, self.inv_T_d, self.sharpen_T = gamma, gamma_e, inv_T_d, sharpen_T
         self.warmup_ratio, self.view = warmup_ratio, view
         self.cls_form, self.entropy_form, self.js_reduction = cls_form, entropy_form, js_reduction

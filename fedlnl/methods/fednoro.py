@@ -96,7 +96,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from fedlnl.methods.common import checks, engine
+from fedlnl.conf import checks
+from fedlnl.methods.common import engine
 from fedlnl.methods.common.noisyclients import (  # noqa: F401  (the shared pieces, re-exported)
     DISTANCES, GMM_SEEDS, adjustment, daagg_weights, detect_noisy_clients, gmm_noisy, gmm_seed_list, la_loss,
     model_distance, normalise_columns, per_class_losses, two_stage_aggregate)
@@ -142,20 +143,20 @@ class FedNoRo(FedAvg):
 
     def __init__(self, fl, warmup_rounds, lambda_, lambda_rampup, rampup_begin, rampup_rounds, kd_temperature,
                  la_tau, logit_adjust, kd, daagg, distance, gmm_votes, gmm_seeds, kd_student, detect_augment):
-        checks.integer("warmup_rounds", warmup_rounds, 1)
-        checks.number("lambda_", lambda_, lambda v: 0 <= v <= 1, "a loss weight λ in [0, 1]")
-        checks.flag("lambda_rampup", lambda_rampup)
-        checks.integer("rampup_begin", rampup_begin, 0)
-        checks.integer("rampup_rounds", rampup_rounds, 0)
-        checks.number("kd_temperature", kd_temperature, lambda v: v > 0, "a temperature > 0")
-        checks.number("la_tau", la_tau, lambda v: v >= 0, "a logit-adjustment scale τ >= 0")
+        checks.integer("method.warmup_rounds", warmup_rounds, 1)
+        checks.number("method.lambda_", lambda_, lambda v: 0 <= v <= 1, "a loss weight λ in [0, 1]")
+        checks.flag("method.lambda_rampup", lambda_rampup)
+        checks.integer("method.rampup_begin", rampup_begin, 0)
+        checks.integer("method.rampup_rounds", rampup_rounds, 0)
+        checks.number("method.kd_temperature", kd_temperature, lambda v: v > 0, "a temperature > 0")
+        checks.number("method.la_tau", la_tau, lambda v: v >= 0, "a logit-adjustment scale τ >= 0")
         for key, v in (("logit_adjust", logit_adjust), ("kd", kd), ("daagg", daagg)):
-            checks.flag(key, v)
-        checks.choice("distance", distance, DISTANCES)
-        checks.integer("gmm_votes", gmm_votes, 1)
-        checks.choice("gmm_seeds", gmm_seeds, GMM_SEEDS)
-        checks.choice("kd_student", kd_student, KD_STUDENTS)
-        checks.flag("detect_augment", detect_augment)
+            checks.flag(f"method.{key}", v)
+        checks.choice("method.distance", distance, DISTANCES)
+        checks.integer("method.gmm_votes", gmm_votes, 1)
+        checks.choice("method.gmm_seeds", gmm_seeds, GMM_SEEDS)
+        checks.choice("method.kd_student", kd_student, KD_STUDENTS)
+        checks.flag("method.detect_augment", detect_augment)
         super().__init__(fl)
         self.warmup_rounds, self.lambda_, self.lambda_rampup = warmup_rounds, float(lambda_), lambda_rampup
         self.rampup_begin, self.rampup_rounds = rampup_begin, rampup_rounds
@@ -165,7 +166,7 @@ class FedNoRo(FedAvg):
         self.kd_student, self.detect_augment = kd_student, detect_augment
 
     def total_rounds(self, info, rounds):
-        checks.number("warmup_rounds", self.warmup_rounds, lambda v: v < rounds,
+        checks.number("method.warmup_rounds", self.warmup_rounds, lambda v: v < rounds,
                       f"an integer < fl.rounds={rounds} (stage 2 needs at least one round)")
         return int(rounds)
 

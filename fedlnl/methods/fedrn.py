@@ -62,7 +62,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from fedlnl.methods.common import checks, engine, semisup
+from fedlnl.conf import checks
+from fedlnl.methods.common import engine, semisup
 from fedlnl.methods.common.protocol import ClientUpdate, UpdatePlan, local_steps
 from fedlnl.methods.common.stores import ModelCache
 from fedlnl.methods.fedavg import FedAvg
@@ -108,14 +109,14 @@ class FedRN(FedAvg):
     def __init__(self, fl, warmup_ratio, num_neighbors, w_alpha, p_threshold, gmm_max_iter, gmm_tol,
                  gmm_reg_covar, score_augment):
         super().__init__(fl)
-        checks.number("warmup_ratio", warmup_ratio, lambda v: 0 <= v <= 1, "a share of the rounds in [0, 1]")
-        checks.integer("num_neighbors", num_neighbors, 0)
-        checks.number("w_alpha", w_alpha, lambda v: 0 <= v <= 1, "a weight α in [0, 1]")
-        checks.number("p_threshold", p_threshold, lambda v: 0 < v < 1, "a probability in (0, 1)")
-        checks.integer("gmm_max_iter", gmm_max_iter, 1)
+        checks.number("method.warmup_ratio", warmup_ratio, lambda v: 0 <= v <= 1, "a share of the rounds in [0, 1]")
+        checks.integer("method.num_neighbors", num_neighbors, 0)
+        checks.number("method.w_alpha", w_alpha, lambda v: 0 <= v <= 1, "a weight α in [0, 1]")
+        checks.number("method.p_threshold", p_threshold, lambda v: 0 < v < 1, "a probability in (0, 1)")
+        checks.integer("method.gmm_max_iter", gmm_max_iter, 1)
         for key, v in (("gmm_tol", gmm_tol), ("gmm_reg_covar", gmm_reg_covar)):
-            checks.number(key, v, lambda x: x > 0, "a number > 0")
-        checks.flag("score_augment", score_augment)
+            checks.number(f"method.{key}", v, lambda x: x > 0, "a number > 0")
+        checks.flag("method.score_augment", score_augment)
         self.warmup_ratio, self.num_neighbors, self.w_alpha = warmup_ratio, num_neighbors, w_alpha
         self.p_threshold, self.score_augment = p_threshold, score_augment
         self.gmm = {"max_iter": gmm_max_iter, "tol": gmm_tol, "reg_covar": gmm_reg_covar}

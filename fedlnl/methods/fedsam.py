@@ -25,7 +25,8 @@ Implementation notes
 """
 from __future__ import annotations
 
-from fedlnl.methods.common import checks, engine, optimizers
+from fedlnl.conf import checks
+from fedlnl.methods.common import engine, optimizers
 from fedlnl.methods.fedavg import FedAvg
 
 
@@ -33,7 +34,7 @@ class FedSAM(FedAvg):
     family = "FL baselines"
 
     def __init__(self, fl, rho):
-        checks.number("rho", rho, lambda v: v >= 0, "a SAM radius ρ >= 0 (0 = FedAvg)")
+        checks.number("method.rho", rho, lambda v: v >= 0, "a SAM radius ρ >= 0 (0 = FedAvg)")
         super().__init__(fl)
         self.rho = rho
 

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import math
 
+from fedlnl.conf import checks
 from fedlnl.methods.common import engine, semisup
 from fedlnl.methods.common.protocol import ClientUpdate, UpdatePlan, local_steps
 from fedlnl.methods.fedavg import FedAvg
@@ -53,14 +54,14 @@ class JointOpt(FedAvg):
 
     def __init__(self, fl, warmup_rounds, train_rounds, train_local_epochs, train_lr, train_momentum,
                  train_weight_decay, alpha, beta, window, begin):
-        semisup.check_int("warmup_rounds", warmup_rounds, 0)
+        checks.integer("method.warmup_rounds", warmup_rounds, 0)
         for key, v in (("train_rounds", train_rounds), ("train_local_epochs", train_local_epochs),
                        ("window", window), ("begin", begin)):
-            semisup.check_int(key, v, 1)
-        semisup.check_positive("train_lr", train_lr)
+            checks.integer(f"method.{key}", v, 1)
+        checks.positive("method.train_lr", train_lr)
         for key, v in (("train_momentum", train_momentum), ("train_weight_decay", train_weight_decay),
                        ("alpha", alpha), ("beta", beta)):
-            semisup.check_nonneg(key, v)
+            checks.nonnegative(f"method.{key}", v)
         super().__init__(fl)
         self.warmup_rounds, self.train_rounds = warmup_rounds, train_rounds
         self.train_local_epochs, self.train_lr = train_local_epochs, train_lr

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import math
 
+from fedlnl.conf import checks
 from fedlnl.methods.common import engine, semisup
 from fedlnl.methods.common.protocol import ALL_CLIENTS, ClientUpdate, UpdatePlan, client_size, local_steps
 
@@ -48,13 +49,13 @@ class JointOptCentral:
                  noise_tau, second_epochs, second_lr, second_decay):
         for key, v in (("epochs", epochs), ("epochs_per_round", epochs_per_round),
                        ("begin", begin), ("window", window)):
-            semisup.check_int(key, v, 1)
-        semisup.check_int("second_epochs", second_epochs, 0)
+            checks.integer(f"method.{key}", v, 1)
+        checks.integer("method.second_epochs", second_epochs, 0)
         for key, v in (("lr_low", lr_low), ("lr_high", lr_high), ("second_lr", second_lr),
                        ("second_decay", second_decay)):
-            semisup.check_positive(key, v)
+            checks.positive(f"method.{key}", v)
         for key, v in (("alpha", alpha), ("beta_low", beta_low), ("beta_high", beta_high)):
-            semisup.check_nonneg(key, v)
+            checks.nonnegative(f"method.{key}", v)
         self.fl = fl
         self.epochs, self.epochs_per_round, self.begin, self.window = epochs, epochs_per_round, begin, window
         high = semisup.noise_group(noise_rho, noise_tau, high_noise_from) == "high"

@@ -33,7 +33,8 @@ Fidelity switches (paper = Blanchard et al.; reference = FNBench's code)
 """
 from __future__ import annotations
 
-from fedlnl.methods.common import checks, engine, robust
+from fedlnl.conf import checks
+from fedlnl.methods.common import engine, robust
 from fedlnl.methods.fedavg import FedAvg
 
 NEIGHBOURS = ("nearest", "all")
@@ -45,10 +46,10 @@ class Krum(FedAvg):
     def __init__(self, fl, byzantine_share, f, multi_m, neighbours, integer_buffers):
         robust.check_share("byzantine_share", byzantine_share)
         if f is not None:
-            checks.integer("f", f, 0)
-        checks.integer("multi_m", multi_m, 1)
-        checks.choice("neighbours", neighbours, NEIGHBOURS)
-        checks.flag("integer_buffers", integer_buffers)
+            checks.integer("method.f", f, 0)
+        checks.integer("method.multi_m", multi_m, 1)
+        checks.choice("method.neighbours", neighbours, NEIGHBOURS)
+        checks.flag("method.integer_buffers", integer_buffers)
         super().__init__(fl)
         self.byzantine_share, self.f, self.multi_m = byzantine_share, f, multi_m
         self.neighbours, self.integer_buffers = neighbours, integer_buffers

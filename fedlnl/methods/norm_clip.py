@@ -32,7 +32,8 @@ from __future__ import annotations
 
 import torch
 
-from fedlnl.methods.common import checks, engine, optimizers, robust
+from fedlnl.conf import checks
+from fedlnl.methods.common import engine, optimizers, robust
 from fedlnl.methods.fedavg import FedAvg
 
 CLIPS = ("update", "gradient")
@@ -43,10 +44,10 @@ class NormClip(FedAvg):
     family = "robust aggregation"
 
     def __init__(self, fl, clip, max_norm, max_grad_norm):
-        checks.choice("clip", clip, CLIPS)
+        checks.choice("method.clip", clip, CLIPS)
         if max_norm != MEDIAN:
-            checks.number("max_norm", max_norm, lambda v: v > 0, f"{MEDIAN} or a norm bound M > 0")
-        checks.number("max_grad_norm", max_grad_norm, lambda v: v > 0, "a gradient-norm bound > 0")
+            checks.number("method.max_norm", max_norm, lambda v: v > 0, f"{MEDIAN} or a norm bound M > 0")
+        checks.number("method.max_grad_norm", max_grad_norm, lambda v: v > 0, "a gradient-norm bound > 0")
         super().__init__(fl)
         self.clip, self.max_norm, self.max_grad_norm = clip, max_norm, max_grad_norm
 

@@ -34,7 +34,8 @@ import dataclasses
 
 import numpy as np
 
-from fedlnl.methods.common import checks, engine
+from fedlnl.conf import checks
+from fedlnl.methods.common import engine
 from fedlnl.methods.common.protocol import Planned
 from fedlnl.methods.fedavg import FedAvg
 
@@ -57,9 +58,9 @@ class PoC(FedAvg):
     family = "FL baselines"
 
     def __init__(self, fl, d, weighted, fixed_candidates):
-        checks.integer("d", d, 1)
-        checks.flag("weighted", weighted)
-        checks.flag("fixed_candidates", fixed_candidates)
+        checks.integer("method.d", d, 1)
+        checks.flag("method.weighted", weighted)
+        checks.flag("method.fixed_candidates", fixed_candidates)
         super().__init__(fl)
         self.d, self.weighted, self.fixed_candidates = d, weighted, fixed_candidates
 

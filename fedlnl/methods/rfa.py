@@ -28,7 +28,8 @@ Fidelity switches (paper = Pillutla et al. and their code; reference = FNBench's
 """
 from __future__ import annotations
 
-from fedlnl.methods.common import checks, robust
+from fedlnl.conf import checks
+from fedlnl.methods.common import robust
 from fedlnl.methods.fedavg import FedAvg
 
 
@@ -36,12 +37,12 @@ class RFA(FedAvg):
     family = "robust aggregation"
 
     def __init__(self, fl, nu, max_iter, tol, stop, weighted, per_tensor):
-        checks.number("nu", nu, lambda v: v > 0, "a smoothing ν > 0")
-        checks.integer("max_iter", max_iter, 0)
-        checks.number("tol", tol, lambda v: v >= 0, "a tolerance >= 0")
-        checks.choice("stop", stop, robust.STOPS)
-        checks.flag("weighted", weighted)
-        checks.flag("per_tensor", per_tensor)
+        checks.number("method.nu", nu, lambda v: v > 0, "a smoothing ν > 0")
+        checks.integer("method.max_iter", max_iter, 0)
+        checks.number("method.tol", tol, lambda v: v >= 0, "a tolerance >= 0")
+        checks.choice("method.stop", stop, robust.STOPS)
+        checks.flag("method.weighted", weighted)
+        checks.flag("method.per_tensor", per_tensor)
         super().__init__(fl)
         self.nu, self.max_iter, self.tol, self.stop = nu, max_iter, tol, stop
         self.weighted, self.per_tensor = weighted, per_tensor

@@ -101,7 +101,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from fedlnl.methods.common import checks, engine
+from fedlnl.conf import checks
+from fedlnl.methods.common import engine
 from fedlnl.methods.common.protocol import ClientUpdate, UpdatePlan, local_steps
 from fedlnl.methods.fedavg import FedAvg
 
@@ -164,19 +165,19 @@ class RoFL(FedAvg):
         if not (isinstance(T_pl, int) and T_pl >= 1):
             raise ValueError(f"method.T_pl={T_pl!r} is invalid: allowed an integer round >= 1")
         if forget_rate != NOISE:
-            checks.number("forget_rate", forget_rate, lambda v: 0.0 <= v < 1.0,
+            checks.number("method.forget_rate", forget_rate, lambda v: 0.0 <= v < 1.0,
                           f"a share in [0, 1) or {NOISE} (the federation's nominal noise rate)")
         if not (isinstance(num_gradual, int) and num_gradual >= 1):
             raise ValueError(f"method.num_gradual={num_gradual!r} is invalid: allowed an integer >= 1")
         for key, val in (("lambda_cen", lambda_cen), ("lambda_e", lambda_e)):
-            checks.number(key, val, lambda v: v >= 0, "a weight >= 0")
+            checks.number(f"method.{key}", val, lambda v: v >= 0, "a weight >= 0")
         for key, v in (("detach_cen", detach_cen), ("weighted_avg", weighted_avg), ("pl_augment", pl_augment)):
-            checks.flag(key, v)
+            checks.flag(f"method.{key}", v)
         super().__init__(fl)
         self.T_pl, self.forget_rate, self.num_gradual = T_pl, forget_rate, num_gradual
         self.lambda_cen, self.lambda_e = lambda_cen, lambda_e
         self.detach_cen, self.weighted_avg, self.pl_augment = detach_cen, weighted_avg, pl_augment
-        checks.flag("cen_normalize", cen_normalize)
+        checks.flag("method.cen_normalize", cen_normalize)
         self.cen_normalize = cen_normalize
         self.noise_rate_key = "forget_rate" if forget_rate == NOISE else None  # preflight checks it is known
 

@@ -23,7 +23,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from fedlnl.methods.common import checks, engine
+from fedlnl.conf import checks
+from fedlnl.methods.common import engine
 from fedlnl.methods.fedavg import FedAvg
 
 
@@ -45,10 +46,10 @@ class SCE(FedAvg):
     family = "label-noise learning as local training"
 
     def __init__(self, fl, alpha, beta, A, p_min):
-        checks.number("alpha", alpha, lambda v: v >= 0, "a weight >= 0")
-        checks.number("beta", beta, lambda v: v >= 0, "a weight >= 0")
-        checks.number("A", A, lambda v: v < 0, "a number < 0 (log 0 := A)")
-        checks.number("p_min", p_min, lambda v: 0 <= v < 1, "a probability floor in [0, 1)")
+        checks.number("method.alpha", alpha, lambda v: v >= 0, "a weight >= 0")
+        checks.number("method.beta", beta, lambda v: v >= 0, "a weight >= 0")
+        checks.number("method.A", A, lambda v: v < 0, "a number < 0 (log 0 := A)")
+        checks.number("method.p_min", p_min, lambda v: 0 <= v < 1, "a probability floor in [0, 1)")
         super().__init__(fl)
         self.alpha, self.beta, self.A, self.p_min = alpha, beta, A, p_min
 

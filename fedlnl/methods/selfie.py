@@ -50,7 +50,8 @@ import math
 import torch
 import torch.nn.functional as F
 
-from fedlnl.methods.common import checks, engine, history, lnl, semisup
+from fedlnl.conf import checks
+from fedlnl.methods.common import engine, history, lnl, semisup
 from fedlnl.methods.common.protocol import ClientUpdate
 
 
@@ -81,12 +82,12 @@ class SELFIE:
 
     def __init__(self, fl, noise_rate, q, epsilon, warmup_share, full_history, history_first, restarts):
         lnl.check_rate("noise_rate", noise_rate)
-        checks.integer("q", q, 1)
-        checks.number("epsilon", epsilon, lambda v: 0 <= v <= 1, "a normalised uncertainty in [0, 1]")
-        checks.number("warmup_share", warmup_share, lambda v: 0 <= v <= 1, "a share of the rounds in [0, 1]")
-        checks.flag("full_history", full_history)
-        checks.flag("history_first", history_first)
-        checks.integer("restarts", restarts, 0)
+        checks.integer("method.q", q, 1)
+        checks.number("method.epsilon", epsilon, lambda v: 0 <= v <= 1, "a normalised uncertainty in [0, 1]")
+        checks.number("method.warmup_share", warmup_share, lambda v: 0 <= v <= 1, "a share of the rounds in [0, 1]")
+        checks.flag("method.full_history", full_history)
+        checks.flag("method.history_first", history_first)
+        checks.integer("method.restarts", restarts, 0)
         self.fl = fl
         self.noise_rate, self.q, self.epsilon, self.warmup_share = noise_rate, q, epsilon, warmup_share
         self.full_history, self.history_first, self.restarts = full_history, history_first, restarts

@@ -29,7 +29,8 @@ Fidelity switches (paper = Yin et al.; reference = FNBench's code)
 """
 from __future__ import annotations
 
-from fedlnl.methods.common import checks, engine, robust
+from fedlnl.conf import checks
+from fedlnl.methods.common import engine, robust
 from fedlnl.methods.fedavg import FedAvg
 
 TRIMS = ("coordinate", "client_score")
@@ -41,9 +42,9 @@ class TrimmedMean(FedAvg):
     def __init__(self, fl, byzantine_share, f, trim, integer_buffers):
         robust.check_share("byzantine_share", byzantine_share)
         if f is not None:
-            checks.integer("f", f, 0)
-        checks.choice("trim", trim, TRIMS)
-        checks.flag("integer_buffers", integer_buffers)
+            checks.integer("method.f", f, 0)
+        checks.choice("method.trim", trim, TRIMS)
+        checks.flag("method.integer_buffers", integer_buffers)
         super().__init__(fl)
         self.byzantine_share, self.f, self.trim, self.integer_buffers = byzantine_share, f, trim, integer_buffers
 

@@ -23,6 +23,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from fedlnl.conf import checks
+
 
 # --------------------------------------------------------------------------------------- LID
 def lid_scores(points: torch.Tensor, k: int, eps: float = 1e-6) -> torch.Tensor:
@@ -158,11 +160,9 @@ SCHEDULES = ("paper", "linspace")
 
 def check_rate(key: str, value) -> None:
     """A share in [0, 1) or ``noise`` (the federation's nominal noise rate): one-line error otherwise."""
-    ok = value == NOISE or (isinstance(value, (int, float)) and not isinstance(value, bool)
-                            and math.isfinite(value) and 0.0 <= value < 1.0)
-    if not ok:
-        raise ValueError(f"method.{key}={value!r} is invalid: allowed a share in [0, 1) or {NOISE} "
-                         "(the federation's nominal noise rate)")
+    if value != NOISE:
+        checks.number(f"method.{key}", value, lambda v: 0.0 <= v < 1.0,
+                      f"a share in [0, 1) or {NOISE} (the federation's nominal noise rate)")
 
 
 def rate_value(key: str, value, info) -> float:

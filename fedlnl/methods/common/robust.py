@@ -15,7 +15,8 @@ import math
 
 import torch
 
-from fedlnl.methods.common import checks, engine
+from fedlnl.conf import checks
+from fedlnl.methods.common import engine
 
 #: the value of a Byzantine-share key that means "the federation's configured noisy-client share"
 NOISE = "noise"
@@ -85,7 +86,7 @@ def combine(weights: list[Weights], coeffs, keys) -> Weights:
 # ------------------------------------------------------------------------------ Byzantine count
 def check_share(key: str, value) -> None:
     if value != NOISE:
-        checks.number(key, value, lambda v: 0 <= v < 1,
+        checks.number(f"method.{key}", value, lambda v: 0 <= v < 1,
                       f"{NOISE} (the federation's noisy-client share) or a share in [0, 1)")
 
 

@@ -30,38 +30,18 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fedlnl.conf import checks
 from fedlnl.methods.common import engine
 
 
 # ------------------------------------------------------------------------------------ config
-def check(key: str, value, ok: bool, allowed: str) -> None:
-    """Raise the one-line ValueError of a bad hyperparameter (before any training)."""
-    if not ok:
-        raise ValueError(f"method.{key}={value!r} is invalid: allowed {allowed}")
-
-
-def check_int(key: str, value, low: int) -> None:
-    ok = isinstance(value, int) and not isinstance(value, bool) and value >= low
-    check(key, value, ok, f"an integer >= {low}")
-
-
-def check_positive(key: str, value) -> None:
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0 and math.isfinite(value)
-    check(key, value, ok, "a number > 0")
-
-
-def check_nonneg(key: str, value) -> None:
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0 and math.isfinite(value)
-    check(key, value, ok, "a number >= 0")
-
-
 def noise_group(rho: float, tau: float, high_from: float) -> str:
     """FedCorr's two noise groups for per-group hyperparameters (methods.md §11-12): "high" for
     (0.6,0.5), (0.8,0), (0.8,0.5), "low" for (0,0), (0.4,0), (0.4,0.5), (0.6,0). The rule that gives
     exactly these groups and extends to any (ρ, τ): the mean noise level E[μ] = ρ(1+τ)/2 of a client
     (FedCorr Eq. 4) is ≥ ``high_from`` (0.4)."""
     for key, v in (("noise_rho", rho), ("noise_tau", tau), ("high_noise_from", high_from)):
-        check(key, v, isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v <= 1, "a number in [0, 1]")
+        checks.unit(f"method.{key}", v)
     return "high" if rho * (1.0 + tau) / 2.0 >= high_from - 1e-9 else "low"
 
 

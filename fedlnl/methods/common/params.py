@@ -1,0 +1,89 @@
+"""Each method's own hyperparameters as one frozen, documented parameter object.
+
+A method declares ``Params``: a frozen dataclass whose fields are the keys of its YAML
+(``conf/method/<name>.yaml``, where every value lives), each built with ``param(doc, rule)``: one line
+saying what the number is, and its check from the vocabulary of ``fedlnl.conf.checks``. Building the
+object checks every field once, then ``check`` (relations between fields)::
+
+    @dataclass(frozen=True)
+    class FedProxParams(Params):
+        mu: float = param("proximal weight μ (Eq. 2); 0 = FedAvg", rule(number, lambda v: v >= 0, "..."))
+
+    class FedProx(FedAvg):
+        Params = FedProxParams
+
+The method is built as before, ``FedProx(fl=..., mu=1.0)``: ``Method.__init__`` keeps ``fl`` and builds
+``self.params``; each field reads as ``self.mu`` (read-only). The class's signature is ``fl`` plus the
+fields, which is what ``compose.build_method`` checks a YAML node against.
+"""
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from dataclasses import dataclass
+from typing import Callable, ClassVar
+
+from fedlnl.conf.checks import rule  # noqa: F401 (the fields' rules are written with it)
+
+#: the config path a method's own keys are shown under in error messages
+PREFIX = "method."
+
+
+def param(doc: str, check: Callable[[str, object], None] | None = None, *,
+          default=dataclasses.MISSING, convert: Callable | None = None):
+    """One field: its one-line ``doc``, its ``check`` (``rule(...)``; None: checked in ``check``), an
+    optional ``convert`` applied after the check (``float``, ``int``) and, rarely, a ``default`` (the
+    value lives in the YAML; a default only keeps older YAML files working)."""
+    return dataclasses.field(default=default, metadata={"doc": doc, "check": check, "convert": convert})
+
+
+@dataclass(frozen=True)
+class Params:
+    """A method's own hyperparameters; subclasses add the fields."""
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            check, convert = f.metadata.get("check"), f.metadata.get("convert")
+            value = getattr(self, f.name)
+            if check is not None:
+                check(PREFIX + f.name, value)
+            if convert is not None and value is not None:
+                object.__setattr__(self, f.name, convert(value))
+        self.check()
+
+    def check(self) -> None:
+        """Checks that relate several fields (override)."""
+
+    @classmethod
+    def docs(cls) -> dict[str, str]:
+        """{field: its one-line doc}."""
+        return {f.name: f.metadata.get("doc", "") for f in dataclasses.fields(cls)}
+
+
+class Method:
+    """Base of every method: keeps the shared ``fl`` settings and the method's ``Params``."""
+
+    Params: ClassVar[type[Params]] = Params
+
+    def __init__(self, fl, *args, **values):
+        self.fl = fl
+        self.params = self.Params(*args, **values)
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if "__init__" in cls.__dict__ and "Params" not in cls.__dict__:
+            cls.__signature__ = None  # its own constructor's signature
+            return
+        fields = dataclasses.fields(cls.Params)
+        for f in fields:
+            if not hasattr(cls, f.name):
+                setattr(cls, f.name, property(_reader(f.name), doc=f.metadata.get("doc")))
+        kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
+        cls.__signature__ = inspect.Signature(
+            [inspect.Parameter("fl", kind)]
+            + [inspect.Parameter(f.name, kind, default=f.default if f.default is not dataclasses.MISSING
+                                 else inspect.Parameter.empty) for f in fields])
+
+
+def _reader(name: str):
+    return lambda self: getattr(self.params, name)
