@@ -78,6 +78,8 @@ class Method:
         for f in fields:
             if not hasattr(cls, f.name):
                 setattr(cls, f.name, property(_reader(f.name), doc=f.metadata.get("doc")))
+            elif not isinstance(getattr(cls, f.name), property):
+                raise TypeError(f"{cls.__name__}.{f.name} is both a hyperparameter and a class attribute")
         kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
         cls.__signature__ = inspect.Signature(
             [inspect.Parameter("fl", kind)]
