@@ -35,7 +35,6 @@ refused before training (methods.md R3). A number is accepted in either mode.
 """
 from __future__ import annotations
 
-from fedlnl.conf import checks
 from fedlnl.methods.common import lnl, pair
 from fedlnl.methods.common.protocol import UpdatePlan, local_steps
 from fedlnl.methods.fedavg import FedAvg
@@ -44,17 +43,7 @@ from fedlnl.methods.fedavg import FedAvg
 class Coteaching(FedAvg):
     family = "label-noise learning as local training"
 
-    def __init__(self, fl, forget_rate, gradual_share, schedule, keep_rounding, second_init):
-        lnl.check_rate("forget_rate", forget_rate)
-        checks.number("method.gradual_share", gradual_share, lambda v: 0.0 <= v <= 1.0,
-                      "a share of the rounds in [0, 1] (T_k = max(1, share·rounds))")
-        checks.choice("method.schedule", schedule, lnl.SCHEDULES)
-        checks.choice("method.keep_rounding", keep_rounding, lnl.ROUNDINGS)
-        checks.choice("method.second_init", second_init, ("all", "head"))
-        super().__init__(fl)
-        self.forget_rate, self.gradual_share, self.schedule = forget_rate, gradual_share, schedule
-        self.keep_rounding, self.second_init = keep_rounding, second_init
-        self.noise_rate_key = "forget_rate" if forget_rate == lnl.NOISE else None  # preflight checks it is known
+    Params = pair.ForgettingParams
 
     def init(self, model, info, ctx):
         return pair.init_forgetting(model, info, ctx, self.second_init, self.forget_rate)

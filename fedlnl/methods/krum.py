@@ -33,35 +33,36 @@ Fidelity switches (paper = Blanchard et al.; reference = FNBench's code)
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from fedlnl.conf import checks
 from fedlnl.methods.common import engine, robust
+from fedlnl.methods.common.params import param, rule
 from fedlnl.methods.fedavg import FedAvg
 
 NEIGHBOURS = ("nearest", "all")
 
 
+@dataclass(frozen=True)
+class KrumParams(robust.ByzantineParams):
+    """Krum's own numbers (conf/method/krum.yaml; docs/methods.md §19.1, §19.5)."""
+
+    multi_m: int = param("Multi-Krum's m: the average of the m best-scored models; 1 = Krum", rule(checks.integer, 1))
+    neighbours: str = param("score = squared distances to the n − f − 2 nearest (paper) | to all others (FNBench)",
+                            rule(checks.choice, NEIGHBOURS))
+
+
 class Krum(FedAvg):
     family = "robust aggregation"
 
-    def __init__(self, fl, byzantine_share, f, multi_m, neighbours, integer_buffers):
-        robust.check_share("byzantine_share", byzantine_share)
-        if f is not None:
-            checks.integer("method.f", f, 0)
-        checks.integer("method.multi_m", multi_m, 1)
-        checks.choice("method.neighbours", neighbours, NEIGHBOURS)
-        checks.flag("method.integer_buffers", integer_buffers)
-        super().__init__(fl)
-        self.byzantine_share, self.f, self.multi_m = byzantine_share, f, multi_m
-        self.neighbours, self.integer_buffers = neighbours, integer_buffers
+    Params = KrumParams
 
     def total_rounds(self, info, rounds):
         m = engine.cohort_size(self.fl.frac, info.num_clients)
         if m < 3:
             raise ValueError(f"method=krum needs at least 3 clients per round (n > 2f + 2 with f = 0), "
                              f"got {m} (fl.frac × fl.num_clients): raise fl.frac")
-        if self.f is not None and self.f > robust.krum_max_f(m):
-            raise ValueError(f"method.f={self.f} is invalid: Krum needs n > 2f + 2 with n = {m} clients "
-                             f"per round (fl.frac × fl.num_clients): allowed f <= {robust.krum_max_f(m)}")
+        self.params.check_rounds(m, robust.krum_max_f, "Krum needs n > 2f + 2")
         if self.multi_m > m:
             raise ValueError(f"method.multi_m={self.multi_m} is invalid: allowed 1 <= multi_m <= {m} "
                              f"(the clients per round)")

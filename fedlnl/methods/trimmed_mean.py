@@ -29,30 +29,32 @@ Fidelity switches (paper = Yin et al.; reference = FNBench's code)
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from fedlnl.conf import checks
 from fedlnl.methods.common import engine, robust
+from fedlnl.methods.common.params import param, rule
 from fedlnl.methods.fedavg import FedAvg
 
 TRIMS = ("coordinate", "client_score")
 
 
+@dataclass(frozen=True)
+class TrimmedMeanParams(robust.ByzantineParams):
+    """The trimmed mean's own numbers (conf/method/trimmed_mean.yaml; docs/methods.md §19.2, §19.5)."""
+
+    trim: str = param("trim per coordinate (paper) | keep the n − 2f clients scored closest to the median (FNBench)",
+                      rule(checks.choice, TRIMS))
+
+
 class TrimmedMean(FedAvg):
     family = "robust aggregation"
 
-    def __init__(self, fl, byzantine_share, f, trim, integer_buffers):
-        robust.check_share("byzantine_share", byzantine_share)
-        if f is not None:
-            checks.integer("method.f", f, 0)
-        checks.choice("method.trim", trim, TRIMS)
-        checks.flag("method.integer_buffers", integer_buffers)
-        super().__init__(fl)
-        self.byzantine_share, self.f, self.trim, self.integer_buffers = byzantine_share, f, trim, integer_buffers
+    Params = TrimmedMeanParams
 
     def total_rounds(self, info, rounds):
         m = engine.cohort_size(self.fl.frac, info.num_clients)
-        if self.f is not None and self.f > robust.trim_max(m):
-            raise ValueError(f"method.f={self.f} is invalid: trimming f from each end of n = {m} clients per "
-                             f"round (fl.frac × fl.num_clients) must keep one: allowed f <= {robust.trim_max(m)}")
+        self.params.check_rounds(m, robust.trim_max, "trimming f from each end must keep one")
         return rounds
 
     def init(self, model, info, ctx):

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from fedlnl.conf import checks
+from fedlnl.methods.common.params import NOISE, check_rate  # noqa: F401 (rate values, re-exported)
 
 
 # --------------------------------------------------------------------------------------- LID
@@ -146,9 +146,6 @@ def sample_losses(logits: torch.Tensor, labels: torch.Tensor, on: str) -> torch.
 
 
 # ------------------------------------------------------------------- small-loss selection
-#: the value of a rate hyperparameter meaning "the federation's nominal noise rate" (``FederationInfo.noise_rate``)
-NOISE = "noise"
-
 #: how a kept share (1 − forget rate) of a batch of n becomes a count: ``ceil`` = the smallest set of at least
 #: R·n samples (Co-teaching Alg. 1: argmin over D' with |D'| ≥ R(T)|D̄|), ``floor`` = int(R·n) as the reference codes compute it
 ROUNDINGS = ("ceil", "floor")
@@ -156,13 +153,6 @@ ROUNDINGS = ("ceil", "floor")
 #: forget-rate schedules: ``paper`` = min(t/T_k·τ, τ) (Co-teaching's R(T) = 1 − min(T/T_k·τ, τ)),
 #: ``linspace`` = linspace(0, τ, T_k)[t] for t < T_k (the reference codes' rate_schedule)
 SCHEDULES = ("paper", "linspace")
-
-
-def check_rate(key: str, value) -> None:
-    """A share in [0, 1) or ``noise`` (the federation's nominal noise rate): one-line error otherwise."""
-    if value != NOISE:
-        checks.number(f"method.{key}", value, lambda v: 0.0 <= v < 1.0,
-                      f"a share in [0, 1) or {NOISE} (the federation's nominal noise rate)")
 
 
 def rate_value(key: str, value, info) -> float:

@@ -23,10 +23,13 @@ import inspect
 from dataclasses import dataclass
 from typing import Callable, ClassVar
 
-from fedlnl.conf.checks import rule  # noqa: F401 (the fields' rules are written with it)
+from fedlnl.conf.checks import number, rule
 
 #: the config path a method's own keys are shown under in error messages
 PREFIX = "method."
+#: a rate hyperparameter set to this means "the federation's nominal noise rate" (known from the noise
+#: config alone, never measured on labels: methods.md R3)
+NOISE = "noise"
 
 
 def param(doc: str, check: Callable[[str, object], None] | None = None, *,
@@ -35,6 +38,18 @@ def param(doc: str, check: Callable[[str, object], None] | None = None, *,
     optional ``convert`` applied after the check (``float``, ``int``) and, rarely, a ``default`` (the
     value lives in the YAML; a default only keeps older YAML files working)."""
     return dataclasses.field(default=default, metadata={"doc": doc, "check": check, "convert": convert})
+
+
+def check_rate(key: str, value) -> None:
+    """A share in [0, 1) or ``noise``."""
+    if value != NOISE:
+        number(key, value, lambda v: 0.0 <= v < 1.0, f"a share in [0, 1) or {NOISE} (the federation's nominal noise rate)")
+
+
+def rate(doc: str):
+    """A rate field: a share in [0, 1) or ``noise`` (then ``Method.noise_rate_key`` names it, and
+    preflight checks the federation's noise rate is known)."""
+    return dataclasses.field(metadata={"doc": doc, "check": check_rate, "convert": None, "rate": True})
 
 
 @dataclass(frozen=True)
@@ -68,6 +83,12 @@ class Method:
     def __init__(self, fl, *args, **values):
         self.fl = fl
         self.params = self.Params(*args, **values)
+
+    @property
+    def noise_rate_key(self) -> str | None:
+        """The rate field set to ``noise``, if any."""
+        return next((f.name for f in dataclasses.fields(self.params)
+                     if f.metadata.get("rate") and getattr(self.params, f.name) == NOISE), None)
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
