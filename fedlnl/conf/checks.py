@@ -33,9 +33,10 @@ def is_int(value, low: int | None = None) -> bool:
 
 
 # ------------------------------------------------------------------------------ checks
-def number(key: str, value, ok: Callable[[float], bool], allowed: str, optional: bool = False) -> None:
-    """A finite number for which ``ok`` holds (``optional``: or null)."""
-    if optional and value is None:
+def number(key: str, value, ok: Callable[[float], bool], allowed: str, optional: bool = False,
+           word: str | None = None) -> None:
+    """A finite number for which ``ok`` holds (``optional``: or null; ``word``: or that word, e.g. ``noise``)."""
+    if (optional and value is None) or (word is not None and value == word):
         return
     if not is_number(value) or not ok(value):
         fail(key, value, allowed)

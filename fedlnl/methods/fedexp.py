@@ -34,10 +34,13 @@ Fidelity switches (paper = the paper and its official code; reference = FNBench'
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
-from fedlnl.conf import checks
+from fedlnl.conf.checks import choice, flag, positive
 from fedlnl.methods.common import engine, robust
+from fedlnl.methods.common.params import Params, param, rule
 from fedlnl.methods.fedavg import FedAvg
 
 ANCHORS = ("round", "initial")
@@ -55,16 +58,21 @@ def extrapolate(ref: torch.Tensor, avg: torch.Tensor, eta: float) -> torch.Tenso
     return out.to(ref.dtype) if ref.is_floating_point() else out.round().to(ref.dtype)
 
 
+@dataclass(frozen=True)
+class FedExPParams(Params):
+    """FedExP's own numbers (conf/method/fedexp.yaml; docs/methods.md §20.1)."""
+
+    eps: float = param("ε of the server step size's denominator", rule(positive, "a denominator constant ε > 0"))
+    anchor: str = param("Δ_k = w_k − w^t (round) | w_k − w^0 every round (initial)", rule(choice, ANCHORS))
+    entries: str = param("norms and extrapolation over parameters | every state-dict entry (all)",
+                         rule(choice, ENTRIES))
+    eval_average: bool = param("evaluate (w^{t+1} + w^t)/2 (false: the last global model)", rule(flag))
+
+
 class FedExP(FedAvg):
     family = "FL baselines"
 
-    def __init__(self, fl, eps, anchor, entries, eval_average):
-        checks.number("method.eps", eps, lambda v: v > 0, "a denominator constant ε > 0")
-        checks.choice("method.anchor", anchor, ANCHORS)
-        checks.choice("method.entries", entries, ENTRIES)
-        checks.flag("method.eval_average", eval_average)
-        super().__init__(fl)
-        self.eps, self.anchor, self.entries, self.eval_average = eps, anchor, entries, eval_average
+    Params = FedExPParams
 
     def init(self, model, info, ctx):
         state = super().init(model, info, ctx)

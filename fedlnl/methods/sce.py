@@ -20,11 +20,14 @@ Fidelity switches (``${fidelity:<paper>,<FNBench code>}``)
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 
-from fedlnl.conf import checks
+from fedlnl.conf.checks import nonnegative, number
 from fedlnl.methods.common import engine
+from fedlnl.methods.common.params import Params, param, rule
 from fedlnl.methods.fedavg import FedAvg
 
 
@@ -42,16 +45,21 @@ def sce_loss(logits: torch.Tensor, labels: torch.Tensor, alpha: float, beta: flo
     return alpha * ce + beta * rce.mean()
 
 
+@dataclass(frozen=True)
+class SCEParams(Params):
+    """SCE's own numbers (conf/method/sce.yaml; docs/methods.md §21, L-numbers there)."""
+
+    alpha: float = param("α: weight of the cross-entropy term", rule(nonnegative, "a weight >= 0"))
+    beta: float = param("β: weight of the reverse cross-entropy term", rule(nonnegative, "a weight >= 0"))
+    A: float = param("L6: log 0 := A in the reverse cross-entropy", rule(number, lambda v: v < 0, "a number < 0 (log 0 := A)"))
+    p_min: float = param("L7: p clamped to [p_min, 1] inside ℓ_RCE (0: unclamped)",
+                         rule(number, lambda v: 0 <= v < 1, "a probability floor in [0, 1)"))
+
+
 class SCE(FedAvg):
     family = "label-noise learning as local training"
 
-    def __init__(self, fl, alpha, beta, A, p_min):
-        checks.number("method.alpha", alpha, lambda v: v >= 0, "a weight >= 0")
-        checks.number("method.beta", beta, lambda v: v >= 0, "a weight >= 0")
-        checks.number("method.A", A, lambda v: v < 0, "a number < 0 (log 0 := A)")
-        checks.number("method.p_min", p_min, lambda v: 0 <= v < 1, "a probability floor in [0, 1)")
-        super().__init__(fl)
-        self.alpha, self.beta, self.A, self.p_min = alpha, beta, A, p_min
+    Params = SCEParams
 
     def client_update(self, state, client, ctx):
         def loss_fn(model, xb, yb, step, gen):

@@ -42,8 +42,8 @@ def param(doc: str, check: Callable[[str, object], None] | None = None, *,
 
 def check_rate(key: str, value) -> None:
     """A share in [0, 1) or ``noise``."""
-    if value != NOISE:
-        number(key, value, lambda v: 0.0 <= v < 1.0, f"a share in [0, 1) or {NOISE} (the federation's nominal noise rate)")
+    number(key, value, lambda v: 0.0 <= v < 1.0, f"a share in [0, 1) or {NOISE} (the federation's nominal noise rate)",
+           word=NOISE)
 
 
 def rate(doc: str):

@@ -85,9 +85,8 @@ def combine(weights: list[Weights], coeffs, keys) -> Weights:
 
 # ------------------------------------------------------------------------------ Byzantine count
 def check_share(key: str, value) -> None:
-    if value != NOISE:
-        checks.number(key, value, lambda v: 0 <= v < 1,
-                      f"{NOISE} (the federation's noisy-client share) or a share in [0, 1)")
+    checks.number(key, value, lambda v: 0 <= v < 1, f"{NOISE} (the federation's noisy-client share) or a share in [0, 1)",
+                  word=NOISE)
 
 
 @dataclass(frozen=True)
