@@ -41,9 +41,8 @@ Decisions where the reference is silent or degenerate (documented deviations)
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import math
+from dataclasses import dataclass
 
 import torch
 

@@ -47,44 +47,33 @@ two networks' logits (``logits``, ``fidelity=reference``). The eval model is use
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
-from fedlnl.conf import checks
+from fedlnl.conf.checks import integer, nonnegative, positive
 from fedlnl.methods.common import engine, semisup
+from fedlnl.methods.common.params import Method, param, rule
 from fedlnl.methods.common.protocol import ClientUpdate, UpdatePlan, local_steps
 
 
-class DivideMix:
+@dataclass(frozen=True)
+class FedDivideMixParams(semisup.DivideMixParams):
+    """DivideMix as local training: its schedule and optimiser besides DivideMix's numbers (conf/method/dividemix.yaml)."""
+
+    warmup_rounds: int = param("stage 1: FedAvg warm-up rounds of each network", rule(integer, 0))
+    train_rounds: int = param("stage 2: rounds of DivideMix as local training", rule(integer, 1))
+    train_local_epochs: int = param("stage 2: local DivideMix epochs per participation", rule(integer, 1))
+    train_lr: float = param("stage 2: SGD learning rate", rule(positive))
+    train_momentum: float = param("stage 2: SGD momentum", rule(nonnegative))
+    train_weight_decay: float = param("stage 2: SGD weight decay", rule(nonnegative))
+
+
+class DivideMix(Method):
     family = "label-noise learning as local training"
 
     #: the shared `fl` keys this method does not read (a typed override of one is refused)
     fl_unused = {"rounds": "its schedule is method.warmup_rounds + method.train_rounds"}
 
-    def __init__(self, fl, warmup_rounds, train_rounds, train_local_epochs, train_lr, train_momentum,
-                 train_weight_decay, T, alpha, p_threshold, rampup_epochs, lambda_u_low, lambda_u_high,
-                 high_noise_from, noise_rho, noise_tau, gmm_max_iter, gmm_tol, gmm_reg_covar,
-                 ensemble, second_init):
-        checks.integer("method.warmup_rounds", warmup_rounds, 0)
-        for key, v in (("train_rounds", train_rounds), ("train_local_epochs", train_local_epochs),
-                       ("gmm_max_iter", gmm_max_iter)):
-            checks.integer(f"method.{key}", v, 1)
-        for key, v in (("train_lr", train_lr), ("T", T), ("alpha", alpha),
-                       ("gmm_tol", gmm_tol), ("gmm_reg_covar", gmm_reg_covar)):
-            checks.positive(f"method.{key}", v)
-        for key, v in (("train_momentum", train_momentum), ("train_weight_decay", train_weight_decay),
-                       ("rampup_epochs", rampup_epochs), ("lambda_u_low", lambda_u_low),
-                       ("lambda_u_high", lambda_u_high)):
-            checks.nonnegative(f"method.{key}", v)
-        checks.number("method.p_threshold", p_threshold, lambda v: 0 < v < 1, "a probability in (0, 1)")
-        checks.choice("method.ensemble", ensemble, ("softmax", "logits"))
-        checks.choice("method.second_init", second_init, ("all", "head"))
-        self.fl, self.warmup_rounds, self.train_rounds = fl, warmup_rounds, train_rounds
-        self.train_local_epochs, self.train_lr = train_local_epochs, train_lr
-        self.train_momentum, self.train_weight_decay = train_momentum, train_weight_decay
-        self.T, self.alpha, self.p_threshold, self.rampup_epochs = T, alpha, p_threshold, rampup_epochs
-        group = semisup.noise_group(noise_rho, noise_tau, high_noise_from)
-        self.lambda_u = lambda_u_high if group == "high" else lambda_u_low
-        self.gmm = {"max_iter": gmm_max_iter, "tol": gmm_tol, "reg_covar": gmm_reg_covar}
-        self.ensemble, self.second_init = ensemble, second_init
+    Params = FedDivideMixParams
 
     def total_rounds(self, info, rounds=None):
         return self.warmup_rounds + self.train_rounds

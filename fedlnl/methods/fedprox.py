@@ -26,9 +26,9 @@ Implementation notes
 """
 from __future__ import annotations
 
-import torch.nn.functional as F
-
 from dataclasses import dataclass
+
+import torch.nn.functional as F
 
 from fedlnl.conf.checks import choice, flag, number
 from fedlnl.methods.common import engine

@@ -30,9 +30,8 @@ Fidelity switch
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import dataclasses
+from dataclasses import dataclass
 
 import numpy as np
 

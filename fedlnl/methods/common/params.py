@@ -13,12 +13,13 @@ object checks every field once, then ``check`` (relations between fields)::
         Params = FedProxParams
 
 The method is built as before, ``FedProx(fl=..., mu=1.0)``: ``Method.__init__`` keeps ``fl`` and builds
-``self.params``; each field reads as ``self.mu`` (read-only). The class's signature is ``fl`` plus the
+``self.params``; each field, and each value the Params derive (a property), reads as ``self.mu`` (read-only). The class's signature is ``fl`` plus the
 fields, which is what ``compose.build_method`` checks a YAML node against.
 """
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 from dataclasses import dataclass
 from typing import Callable, ClassVar
@@ -96,11 +97,13 @@ class Method:
             cls.__signature__ = None  # its own constructor's signature
             return
         fields = dataclasses.fields(cls.Params)
-        for f in fields:
-            if not hasattr(cls, f.name):
-                setattr(cls, f.name, property(_reader(f.name), doc=f.metadata.get("doc")))
-            elif not isinstance(getattr(cls, f.name), property):
-                raise TypeError(f"{cls.__name__}.{f.name} is both a hyperparameter and a class attribute")
+        derived = [name for name, obj in inspect.getmembers(cls.Params)
+                   if isinstance(obj, (property, functools.cached_property)) and not name.startswith("_")]
+        for name in [f.name for f in fields] + derived:
+            if not hasattr(cls, name):
+                setattr(cls, name, property(_reader(name)))
+            elif not isinstance(getattr(cls, name), property):
+                raise TypeError(f"{cls.__name__}.{name} is both a hyperparameter and a class attribute")
         kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
         cls.__signature__ = inspect.Signature(
             [inspect.Parameter("fl", kind)]
