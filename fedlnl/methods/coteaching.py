@@ -22,11 +22,8 @@ Federated adaptation (FNBench)
 - No client state: nothing persists on a client between rounds.
 
 Fidelity switches (``${fidelity:<paper>,<FNBench code>}``)
-| switch | paper (default) | reference (FNBench code) | methods.md |
-|---|---|---|---|
-| ``forget_rate`` | ``noise``: τ = the noise rate, known (as the official code's default) | 0.2 for every setting | L1 |
-| ``schedule`` | ``paper``: min(t/T_k·τ, τ) | ``linspace``: linspace(0, τ, T_k)[t] (also the official code) | L2 |
-| ``keep_rounding`` | ``ceil``: the smallest set of at least R(T)·B samples (B = batch size) | ``floor``: int(R(T)·B) (also the official code) | L3 |
+Each key's paper and reference values, with their sources: docs/methods.md §23.27 (the table of
+conf/method/coteaching.yaml); what each key is: the field docs of ``pair.ForgettingParams``.
 
 ``forget_rate: noise`` reads ``FederationInfo.noise_rate`` (the rate the noise config implies, e.g.
 ρ(1+τ)/2·(1 − 1/M) for symmetric noise, or a real label set's published rate; never measured on

@@ -16,13 +16,8 @@ MNIST, methods.md §21); fresh optimiser per round; no client state. The round's
 disagreeing samples is logged as ``disagree_share``.
 
 Fidelity switches (``${fidelity:<paper>,<FNBench code>}``)
-| switch | paper (default) | reference (FNBench code) | methods.md |
-|---|---|---|---|
-| ``forget_rate`` | ``noise``: τ = the noise rate | 0.2 | L1 |
-| ``schedule`` | ``paper``: min(e/E_k·τ, τ) | ``linspace`` (also the official code) | L2 |
-| ``keep_rounding`` | ``ceil``: at least λ(e)·#D̄' samples | ``floor``: int(λ(e)·#D̄'), possibly 0: a step with zero gradient | L3 |
-| ``loss_on`` | ``logits``: cross-entropy of the network outputs | ``softmax``: cross-entropy of the softmax (a double softmax; also the official code) in the disagreement phase | L4 |
-| ``empty_disagreement`` | ``skip``: no update from a batch without disagreement | ``full_batch``: both networks step on the whole batch's loss (the codes' ``step < 5000`` branch, always taken in FNBench) | L5 |
+Each key's paper and reference values, with their sources: docs/methods.md §23.28 (the table of
+conf/method/coteaching_plus.yaml); what each key is: the field docs of ``CoteachingPlusParams``.
 """
 from __future__ import annotations
 

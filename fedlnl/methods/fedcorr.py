@@ -37,32 +37,15 @@ client trained, so CIFAR-10 totals 100·5 + 10·500 + 10·450 = 10,000 (methods.
 
 Fidelity switches (default ``${fidelity:<paper>,<reference>}``; ``fidelity=reference`` = official code)
 
-| switch | paper (default) | reference (``fidelity=reference``) | methods.md |
-|---|---|---|---|
-| ``prox_form`` | ``squared``: ‖w − w_g‖² (Eq. 5) | ``norm``: ‖w − w_g‖ (not squared) | Q6 |
-| ``prox_skip_first`` | false | true: no prox on the first batch of every epoch | Q6 |
-| ``mixup_all_stages`` | false: mixup in stage 1 only (Eq. 5) | true: mixup in all three stages | Q7 |
-| ``loss_on`` | ``logits``: CE of the logits | ``softmax``: CE of the softmax (double softmax) | Q9 |
-| ``score_augment`` | false: LID, losses, relabel predictions on plain images | true: on augmented (crop/flip) views, in eval mode | Q8 |
-| ``rank_model`` | ``global``: rank by the global model's loss (Eq. 6) | ``local``: by the client's post-training loss | Q10 |
-| ``rank_pool`` | ``noisy``: top ⌊π·|D_k^n|⌋ among the GMM-noisy samples | ``all``: top int(n_k·μ̂_k·π) over all samples | Q10 |
-| ``strict_threshold`` | false: confidence ≥ θ (Eq. 7) | true: confidence > θ | Q11 |
-| ``stage2_relabel`` | ``unclean``: clients S∖S_c (μ̂_k above κ) | ``lid_noisy``: last LID-noisy set | Q13 |
-| ``stage1_replace`` | false: every client once per iteration | true: draws with replacement within a sub-round | Q5 |
+Each key's paper and reference values, with their sources: docs/methods.md §23.1 (the table of
+conf/method/fedcorr.yaml); what each key is: the field docs of ``FedCorrParams``.
 
 ``stage1_replace`` only matters without fraction scheduling (one client per sub-round cannot repeat).
 Then the reference runs ⌊1/γ⌋ sub-rounds of ⌊γN⌋ draws (a client may train twice in a sub-round and
 another not at all in that iteration: its LID adds 0 and its loss memory is the last one it made);
 the paper setting runs ⌈N/m⌉ sub-rounds over one permutation (m = ⌊γN⌋, the last possibly smaller).
-Both agree whenever m divides N, as in every paper setting.
-Reference behaviours with a switch of their own:
-
-| switch | paper (default) | reference | |
-|---|---|---|---|
-| ``relabel_cap`` | ``noisy_count``: ⌊π·|D_k^n|⌋ (Eq. 6) | ``mu_hat``: int(n_k·μ̂_k·π), one sample fewer in ~2 % of clients (float rounding) | Q10 |
-| ``untrained_losses`` | ``keep``: a client not drawn in an iteration keeps its last losses | ``zero``: the code's per-iteration loss memory is re-zeroed, so such a client's GMM sees zeros | Q16 |
-| ``relabel_without_finetuning`` | false: no stage-2 relabel when T2 = 0 | true: relabel after the (empty) fine-tuning loop, as the code does | Q13 |
-
+Both agree whenever m divides N, as in every paper setting. The reference behaviours ``relabel_cap``,
+``untrained_losses`` and ``relabel_without_finetuning`` have switches of their own:
 ``untrained_losses`` only matters with ``stage1_replace`` (otherwise every client trains once per
 iteration); ``relabel_without_finetuning`` only when T2 = 0 (or ``fine_tuning`` off).
 ``kappa_cmp`` (``le`` | ``lt``) is a plain switch: Sec. 3.3 and the code use μ̂ ≤ κ (default),

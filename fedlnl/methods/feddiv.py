@@ -42,40 +42,15 @@ Stage lengths and communication cost
   5 + 950 ↔ 1000, CIFAR-100: 10 + 900 ↔ 1000, Clothing1M: 2 + 100 ↔ 200; Table 7).
 - ``aggregate`` reports ``stage`` = ``warmup`` | ``training``.
 
-Table 5 variants (flags; all off = FedDiv)
-| flag | effect |
-|---|---|
-| ``degraded: true`` | the federated filter averages only this round's local filters |
-| ``local_filter: true`` | each client filters with its own filter (fitted from scratch on its first participation, then warm-started from its previous one); nothing is uploaded or aggregated |
-| ``relabel: false`` + ``pcs: false`` | "w/o Relab. & w/o PCS": noisy clients train on the GMM-clean samples |
-| ``pcs: false`` | "w/o PCS": clean ∪ relabelled samples, no consistency test |
-| ``regularizer: false`` | "w/o reg": η = 0 |
-
-Fidelity switches (``${fidelity:<paper>,<reference>}``; ``fidelity=reference`` flips all; each can be
-set alone as ``method.<switch>=...``). Where the paper is silent (D5, ``augment_passes``, D14, D15)
-both fidelities use the code's behaviour and the other one is an option: the paper column then
-names the alternative, marked "(option)". docs/feddiv_official.md has the evidence (a raw-loss filter
-fitted on local losses and applied to the global model's larger losses flags nearly every sample).
-| switch | paper (default) | reference code | methods.md |
-|---|---|---|---|
-| ``zeta`` / ``xi`` / ``m`` | 0.75 / 0.5 / 0.2 | code defaults 0.0 / 0.2 / 0.5 | D1 |
-| ``variance_weights`` | ``gamma``: σ² = Σγ_kσ_k² (Eq. 5) | ``gamma_squared``: Σγ_k²σ_k² | D4 |
-| ``em_max_iter`` / ``em_tol`` | 100 / 1e-3 (EM to convergence, Alg. 2) | 3 / 0 (exactly 3 EM steps) | D3 |
-| ``normalize_losses`` | (option) false: raw losses | true: per-client min-max to [0, 1] (default) | D5 |
-| ``loss_on_softmax`` | false: CE on logits | true: CE on softmax (double softmax) | D6 |
-| ``augment_passes`` | (option) false: un-augmented views | true: augmented views for every eval pass (default) | D6 |
-| ``strict_thresholds`` | false: posterior ≥ 0.5, conf ≥ ζ (Eqs. 7, 8) | true: ``>`` | D8 |
-| ``pcs_mode`` | ``per_epoch``: before each local epoch, de-biased predictions of the model being trained (Alg. 1 l. 15–16) | ``cached``: once per round, against the de-biased labels cached from the client's previous local model (initialised to the global prediction) | D9 |
-| ``curriculum`` | false | true: first 5 participations GMM-clean only (no PCS, no relabelled samples); relabelled samples used only if δ̂ > 0.2 | D10 |
-| ``persistent_relabels`` | false: relabels hold for this round only | true: PCS-consistent relabels are written permanently (``ctx.relabel``), even if unused for training | D11 |
-| ``phat_conf_mask`` | null: p̂ from every sample (Eq. 12) | 0.85: only samples with de-biased confidence > 0.85 (no update if none) | D12 |
-| ``eta_twice`` | false: η·KL | true: η·(η·KL) | D13 |
-| ``unmixed_forward`` | (option) false | true: an extra un-mixed forward per batch (train mode) that moves BatchNorm statistics (default) | D14 |
-| ``skip_small_subsets`` | (option) false | true: a client with ≤ batch_size selected samples sends the global model unchanged (per epoch under ``per_epoch`` PCS) (default) | D15 |
-| ``align_components`` | true: local filters stored sorted by mean (clean first) | false: averaged by component index | (a) |
-
-(a) Not a listed divergence: Eq. 5 presumes component j of every client is the same component; the
-reference averages by index, which equals sorting whenever no local EM swapped the components.
+Table 5 variants are flags (all off = FedDiv). Fidelity switches: ``${fidelity:<paper>,<reference>}``,
+``fidelity=reference`` flips all, each can be set alone as ``method.<switch>=...``. Where the paper is
+silent (D5, ``augment_passes``, D14, D15) both fidelities use the code's behaviour and the other one is
+an option. Each key's paper and reference values, with their sources: docs/methods.md §23.6 (the table
+of conf/method/feddiv.yaml) and §3.6 (D-numbers); what each key is: the field docs of ``FedDivParams``.
+docs/feddiv_official.md has the evidence (a raw-loss filter fitted on local losses and applied to the
+global model's larger losses flags nearly every sample). ``align_components`` is not a listed
+divergence: Eq. 5 presumes component j of every client is the same component; the reference averages
+by index, which equals sorting whenever no local EM swapped the components.
 
 Other implementation notes and deviations
 - Relabels in the paper mode are client-local and last one round; they are *scored* each round

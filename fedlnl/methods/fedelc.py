@@ -39,11 +39,8 @@ Two stages within the budget ``fl.rounds``; m = max(⌊frac·N⌋, 1) clients pe
 Switches (the paper's text was not available, so every default is the code's form, as FedNoRo's;
 the inferred paper forms are settable):
 
-| switch | inferred paper form (settable) | the code's form (default, both fidelities) | methods.md |
-|---|---|---|---|
-| ``distance`` | ``l2``: ‖w_k − w_j‖₂ of the whole model | ``sum_of_norms``: Σ over entries of ‖Δ‖₂ (``model_dist``) | §22.3 (ELC1) |
-| ``gmm_votes`` | 1: one GMM | 9: nine GMM fits vote, seeds 0..8 (``gmm_seeds: fixed``; ``run`` draws them from the run's stream) | §22.3 (ELC2) |
-| ``detect_augment`` | false: per-class losses on plain images | true: on augmented views (the code's pass reads the training transform) | §22.3 (ELC3) |
+Each key's paper and reference values, with their sources: docs/methods.md §23.31 (the table of
+conf/method/fedelc.yaml); what each key is: the field docs of ``FedELCParams``.
 
 Plain options: ``daagg`` (false: n_k-weighted FedAvg in stage 2), ``merge_prediction`` (false: ỹ is
 not merged with the prediction after the local epochs), for ablations.

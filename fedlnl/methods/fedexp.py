@@ -26,11 +26,8 @@ Implementation notes
 
 Fidelity switches (paper = the paper and its official code; reference = FNBench's code)
 
-| key | paper | reference | methods.md |
-|---|---|---|---|
-| ``anchor`` | ``round``: Δ_k = w_k − w^t | ``initial``: Δ_k = w_k − w^0, the first global model, every round (FNBench's ``FedExp`` receives a copy of the model taken at start-up), so w^{t+1} = w^0 + η_g(w̄ − w^0) | §20.1 |
-| ``entries`` | ``parameters`` | ``all``: every state-dict entry (BatchNorm statistics and counters) in the norms and the extrapolation | §20.1 |
-| ``eval_average`` | true: evaluate (w^{t+1} + w^t)/2 | false: the last global model | §20.1 |
+Each key's paper and reference values, with their sources: docs/methods.md §23.23 (the table of
+conf/method/fedexp.yaml); what each key is: the field docs of ``FedExPParams``.
 """
 from __future__ import annotations
 

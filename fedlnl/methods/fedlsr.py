@@ -31,13 +31,8 @@ run's rounds), then γ (the code's warm-up, counted in global rounds from the st
 Switches (the paper's text was not available, so every default is the code's form; the inferred
 paper forms are settable, ``method.<switch>=...``):
 
-| switch | inferred paper form (settable) | the code's form (default, both fidelities) | methods.md |
-|---|---|---|---|
-| ``cls_form`` | ``log``: −log p_s[y] | ``softmax``: CE with p_s taken as logits (a second softmax) | §22.1 (LSR1) |
-| ``entropy_form`` | ``views``: ½[H(q(x)) + H(q(x̃))] | ``code``: H(softmax(q(x))), the code's two identical terms | §22.1 (LSR2) |
-| ``js_reduction`` | ``batchmean``: Σ_c per sample, mean over the batch | ``mean``: mean over the B·C entries (÷ C) | §22.1 (LSR3) |
-| ``view_per_sample`` | true: one draw per image | false: one draw per batch (a torchvision transform on a batch tensor) | §22.1 (LSR4) |
-| ``view_space`` | ``pixels``: colour operations on pixel values | ``normalised``: on the normalised tensor, clamped to [0, 1] | §22.1 (LSR5) |
+Each key's paper and reference values, with their sources: docs/methods.md §23.29 (the table of
+conf/method/fedlsr.yaml); what each key is: the field docs of ``FedLSRParams``.
 
 Implementation notes and deviations (methods.md §22.1)
 - Local training is the suite's (``fl`` group: SGD, epochs, batch, lr, momentum, weight decay; a fresh

@@ -57,13 +57,8 @@ participation would multiply by N/m (10× on CIFAR-10); ``fl.frac=1`` gives it a
 
 Alternatives to the code's forms (settable alone, same in both fidelities; methods.md §18.6):
 
-| switch | default (the code) | alternative |
-|---|---|---|
-| ``distance`` | ``sum_of_norms`` (``model_dist``) | ``l2``: ‖w_k − w_j‖₂ over the whole model |
-| ``gmm_votes`` | 9 fits, majority vote | 1: one GMM decides |
-| ``gmm_seeds`` | ``fixed``: random_state 0, 1, …, votes − 1 whatever the run seed | ``run``: drawn from the run's seeded stream |
-| ``kd_student`` | ``adjusted`` (``LA_KD``) | ``plain``: KL to the local model's own softmax |
-| ``detect_augment`` | true: augmented views (the training transform), eval mode | false: plain images |
+Each key's paper and reference values, with their sources: docs/methods.md §23.18 (the table of
+conf/method/fednoro.yaml); what each key is: the field docs of ``FedNoRoParams``.
 
 Plain switches and ablations
 - ``kd_temperature`` T = 0.8 (hard-coded in the code's ``train_FedNoRo``) divides the teacher's logits

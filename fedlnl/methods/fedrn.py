@@ -37,9 +37,8 @@ receives are counted by the method: ``neighbour_models`` (this round) and ``byte
 Switch (the paper's text was not available, so the default is the code's form; the inferred paper
 form is settable):
 
-| switch | inferred paper form (settable) | the code's form (default, both fidelities) | methods.md |
-|---|---|---|---|
-| ``score_augment`` | false: expertise and GMM losses on plain images | true: on augmented views (the code's evaluation loader reads the training transform), in eval mode | §22.2 (RN1) |
+Each key's paper and reference values, with their sources: docs/methods.md §23.30 (the table of
+conf/method/fedrn.yaml); what each key is: the field docs of ``FedRNParams``.
 
 Implementation notes and deviations (methods.md §22.2)
 - Candidates are the clients with a cached model. The official code also ranks clients that never

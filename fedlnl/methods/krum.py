@@ -25,11 +25,8 @@ Implementation notes
 
 Fidelity switches (paper = Blanchard et al.; reference = FNBench's code)
 
-| key | paper | reference | methods.md |
-|---|---|---|---|
-| ``neighbours`` | ``nearest``: sum over the n − f − 2 closest | ``all``: sum over every other client (f then plays no part) | §19.1 |
-| ``byzantine_share`` | ``noise``: the noisy-client share | 0.3 (``--compromised_rate``) | §19.5 |
-| ``integer_buffers`` | false: floating-point entries only | true: the whole state dict flattened, ``num_batches_tracked`` included | §19.1 |
+Each key's paper and reference values, with their sources: docs/methods.md §23.19 (the table of
+conf/method/krum.yaml); what each key is: the field docs of ``KrumParams``.
 """
 from __future__ import annotations
 

@@ -24,9 +24,8 @@ Implementation notes
 
 Fidelity switches (paper = Sun et al.; reference = FNBench's code)
 
-| key | paper | reference | methods.md |
-|---|---|---|---|
-| ``clip`` | ``update``: server clips each Δ_k to norm M | ``gradient``: each local step's gradient clipped to ``max_grad_norm`` | §19.4 |
+Each key's paper and reference values, with their sources: docs/methods.md §23.22 (the table of
+conf/method/norm_clip.yaml); what each key is: the field docs of ``NormClipParams``.
 """
 from __future__ import annotations
 

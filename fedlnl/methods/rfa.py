@@ -19,12 +19,8 @@ Implementation notes
 
 Fidelity switches (paper = Pillutla et al. and their code; reference = FNBench's code)
 
-| key | paper | reference | methods.md |
-|---|---|---|---|
-| ``per_tensor`` | false: one median of the whole model vector | true: a separate median per state-dict tensor | §19.3 |
-| ``weighted`` | true: α_k = n_k / Σ n | false: α_k = 1/m | §19.3 |
-| ``max_iter`` | 2 (official scripts) | 10 | §19.3 |
-| ``stop`` / ``tol`` | ``objective``, 1e-6 (relative change of the objective) | ``step``, 1e-5 (‖v_new − v‖, v kept) | §19.3 |
+Each key's paper and reference values, with their sources: docs/methods.md §23.21 (the table of
+conf/method/rfa.yaml); what each key is: the field docs of ``RFAParams``.
 """
 from __future__ import annotations
 

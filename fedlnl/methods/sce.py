@@ -12,11 +12,8 @@ Federated adaptation (FNBench): plain FedAvg whose clients train with ℓ_SL ins
 settings, fresh optimiser per round, n_k-weighted averaging); no state anywhere.
 
 Fidelity switches (``${fidelity:<paper>,<FNBench code>}``)
-| switch | paper (default) | reference (FNBench code) | methods.md |
-|---|---|---|---|
-| ``A`` | −4 | ln 1e-4 = −9.21: the one-hot label clamped to [1e-4, 1] (also the official code) | L6 |
-| ``p_min`` | 0: p unclamped | 1e-7: p clamped to [1e-7, 1] inside ℓ_RCE (also the official code) | L7 |
-| ``alpha`` / ``beta`` | per dataset: CIFAR-10 0.1 / 1.0, CIFAR-100 6.0 / 0.1, MNIST-like digits 0.01 / 1.0 | 0.1 / 1.0 on every dataset | L8 |
+Each key's paper and reference values, with their sources: docs/methods.md §23.26 (the table of
+conf/method/sce.yaml); what each key is: the field docs of ``SCEParams``.
 """
 from __future__ import annotations
 

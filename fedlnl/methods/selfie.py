@@ -23,12 +23,8 @@ is uploaded); the server is FedAvg (n_k-weighted). Warm-up and restarts count gl
 (FNBench: warm-up = int(0.2·rounds); the paper's γ = 25 of 100 epochs has no FL reading).
 
 Fidelity switches and options
-| key | paper (default) | reference (FNBench code) | methods.md |
-|---|---|---|---|
-| ``noise_rate`` | ``noise``: τ = the noise rate (the official code passes the true rate) | 0.2 for every client (FNBench passes its ``forget_rate``) | L9 |
-| ``full_history`` | true: refurbishable only with q predictions stored (the official code forbids q > warm-up epochs, so every history is full when refurbishing starts) | false: empty slots count as predictions of class 0 (both codes' zero-initialised histories) | L10 |
-| ``history_first`` | true (FNBench): the batch's own prediction enters its history before the decision | same; false = the official code's update after the step | L11 |
-| ``restarts`` | 0: one run in the budget | 0 (FNBench); the paper's r = 2 (README; ``main.py``: 3) multiplies the rounds by r + 1 | L12 |
+Each key's paper and reference values, with their sources: docs/methods.md §23.25 (the table of
+conf/method/selfie.yaml); what each key is: the field docs of ``SELFIEParams``.
 
 ``noise_rate: noise`` reads ``FederationInfo.noise_rate`` (the rate the noise config implies; never
 measured on labels; methods.md R3); a number is accepted in either mode. With restarts, every run

@@ -21,11 +21,8 @@ Implementation notes
 
 Fidelity switches (paper = Yin et al.; reference = FNBench's code)
 
-| key | paper | reference | methods.md |
-|---|---|---|---|
-| ``trim`` | ``coordinate``: per coordinate, drop b from each end | ``client_score``: keep the m − 2b clients whose distance sums lie closest to their median | §19.2 |
-| ``byzantine_share`` | ``noise``: the noisy-client share | 0.3 (``--compromised_rate``) | §19.5 |
-| ``integer_buffers`` | false (distances of ``client_score`` over floating-point entries) | true (``num_batches_tracked`` in the distances) | §19.1 |
+Each key's paper and reference values, with their sources: docs/methods.md §23.20 (the table of
+conf/method/trimmed_mean.yaml); what each key is: the field docs of ``TrimmedMeanParams``.
 """
 from __future__ import annotations
 
