@@ -98,7 +98,7 @@ VARIANCE_WEIGHTS = ("gamma", "gamma_squared")
 
 # ------------------------------------------------------------------------------- noise filter
 # A filter is {"means": (2,), "variances": (2,), "weights": (2,)} float64 arrays (1-D, 2 components).
-def _filter(means, variances, weights) -> dict[str, np.ndarray]:
+def make_filter(means, variances, weights) -> dict[str, np.ndarray]:
     return {"means": np.asarray(means, np.float64).reshape(2),
             "variances": np.asarray(variances, np.float64).reshape(2),
             "weights": np.asarray(weights, np.float64).reshape(2)}
@@ -127,13 +127,13 @@ def aggregate_filters(filters: list[dict], sizes, variance_weights: str) -> dict
     g = g / g.sum()
     gv = g if variance_weights == "gamma" else g ** 2
     stack = lambda key: np.stack([f[key] for f in filters])  # noqa: E731  [K, 2]
-    return _filter(g @ stack("means"), gv @ stack("variances"), g @ stack("weights"))
+    return make_filter(g @ stack("means"), gv @ stack("variances"), g @ stack("weights"))
 
 
 def sort_components(f: dict) -> dict:
     """The same filter with its components ordered by mean (clean first)."""
     o = np.argsort(f["means"], kind="stable")
-    return _filter(f["means"][o], f["variances"][o], f["weights"][o])
+    return make_filter(f["means"][o], f["variances"][o], f["weights"][o])
 
 
 def initial_filter(rng: np.random.Generator, reg_covar: float, n: int = 1000) -> dict:
@@ -150,7 +150,7 @@ def initial_filter(rng: np.random.Generator, reg_covar: float, n: int = 1000) ->
     nk = resp.sum(axis=0) + 10 * np.finfo(np.float64).eps
     means = resp.T @ x / nk
     variances = (resp * (x[:, None] - means[None, :]) ** 2).sum(axis=0) / nk + reg_covar
-    return _filter(means, variances, nk / n)
+    return make_filter(means, variances, nk / n)
 
 
 def fit_filter(x: np.ndarray, init: dict | None, max_iter: int, tol: float, reg_covar: float,
@@ -162,7 +162,7 @@ def fit_filter(x: np.ndarray, init: dict | None, max_iter: int, tol: float, reg_
 
     x = np.asarray(x, np.float64).reshape(-1, 1)
     if x.shape[0] < 2:  # EM needs at least one sample per component
-        return init if init is not None else _filter([0.0, 1.0], [1.0, 1.0], [0.5, 0.5])
+        return init if init is not None else make_filter([0.0, 1.0], [1.0, 1.0], [0.5, 0.5])
     kw = {}
     if init is not None:
         w = np.clip(init["weights"], 1e-12, None)
@@ -173,7 +173,7 @@ def fit_filter(x: np.ndarray, init: dict | None, max_iter: int, tol: float, reg_
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)
         gm.fit(x)
-    return _filter(gm.means_[:, 0], gm.covariances_[:, 0, 0], gm.weights_)
+    return make_filter(gm.means_[:, 0], gm.covariances_[:, 0, 0], gm.weights_)
 
 
 def on_loss_scale(f: dict, x: np.ndarray) -> dict:
@@ -183,7 +183,7 @@ def on_loss_scale(f: dict, x: np.ndarray) -> dict:
     scaled ones (without it, raw losses far outside [0, 1] land in one component by seed)."""
     lo, hi = float(x.min()), float(x.max())
     span = hi - lo if hi > lo else 1.0
-    return _filter(lo + f["means"] * span, f["variances"] * span**2, f["weights"])
+    return make_filter(lo + f["means"] * span, f["variances"] * span**2, f["weights"])
 
 
 def minmax(x: np.ndarray) -> np.ndarray:
@@ -372,7 +372,7 @@ class FedDiv(Method):
         steps = local_steps(info.client_sizes[k], self.fl.local_epochs, self.fl.batch_size)
         if self._in_warmup(ctx):
             return UpdatePlan(steps)
-        payload = 0 if self.local_filter else engine.payload_bytes({"filter": _filter([0, 0], [1, 1], [1, 1])})
+        payload = 0 if self.local_filter else engine.payload_bytes({"filter": make_filter([0, 0], [1, 1], [1, 1])})
         return UpdatePlan(steps, payload=payload, exact=False)
 
     def client_update(self, state, client, ctx):
@@ -387,7 +387,7 @@ class FedDiv(Method):
             return state, {"stage": "warmup"}
         if not self.local_filter:
             for u in updates:
-                state["cache"][u.client] = _filter(**u.payload["filter"])
+                state["cache"][u.client] = make_filter(**u.payload["filter"])
             keys = [u.client for u in updates] if self.degraded else sorted(state["cache"])
             state["filter"] = aggregate_filters([state["cache"][k] for k in keys],
                                                 [ctx.client_sizes[k] for k in keys], self.variance_weights)
