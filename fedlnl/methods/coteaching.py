@@ -22,8 +22,7 @@ Federated adaptation (FNBench)
 - No client state: nothing persists on a client between rounds.
 
 Fidelity switches (``${fidelity:<paper>,<FNBench code>}``)
-Each key's paper and reference values, with their sources: docs/methods.md §23.27 (the table of
-conf/method/coteaching.yaml); what each key is: the field docs of ``pair.ForgettingParams``.
+Values and sources of each key: docs/methods.md §23.27; what each key is: ``pair.ForgettingParams``.
 
 ``forget_rate: noise`` reads ``FederationInfo.noise_rate`` (the rate the noise config implies, e.g.
 ρ(1+τ)/2·(1 − 1/M) for symmetric noise, or a real label set's published rate; never measured on

@@ -16,8 +16,7 @@ MNIST, methods.md §21); fresh optimiser per round; no client state. The round's
 disagreeing samples is logged as ``disagree_share``.
 
 Fidelity switches (``${fidelity:<paper>,<FNBench code>}``)
-Each key's paper and reference values, with their sources: docs/methods.md §23.28 (the table of
-conf/method/coteaching_plus.yaml); what each key is: the field docs of ``CoteachingPlusParams``.
+Values and sources of each key: docs/methods.md §23.28; what each key is: ``CoteachingPlusParams``.
 """
 from __future__ import annotations
 

@@ -49,22 +49,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from fedlnl.conf.checks import integer, nonnegative, positive
 from fedlnl.methods.common import engine, semisup
-from fedlnl.methods.common.params import Method, param, rule
+from fedlnl.methods.common.params import Method
 from fedlnl.methods.common.protocol import ClientUpdate, UpdatePlan, local_steps
 
 
 @dataclass(frozen=True)
-class FedDivideMixParams(semisup.DivideMixParams):
-    """DivideMix as local training: its schedule and optimiser besides DivideMix's numbers (conf/method/dividemix.yaml)."""
-
-    warmup_rounds: int = param("stage 1: FedAvg warm-up rounds of each network", rule(integer, 0))
-    train_rounds: int = param("stage 2: rounds of DivideMix as local training", rule(integer, 1))
-    train_local_epochs: int = param("stage 2: local DivideMix epochs per participation", rule(integer, 1))
-    train_lr: float = param("stage 2: SGD learning rate", rule(positive))
-    train_momentum: float = param("stage 2: SGD momentum", rule(nonnegative))
-    train_weight_decay: float = param("stage 2: SGD weight decay", rule(nonnegative))
+class FedDivideMixParams(semisup.DivideMixParams, semisup.TwoStageParams):
+    """DivideMix as local training (conf/method/dividemix.yaml): its schedule and DivideMix's numbers."""
 
 
 class DivideMix(Method):

@@ -37,8 +37,7 @@ client trained, so CIFAR-10 totals 100·5 + 10·500 + 10·450 = 10,000 (methods.
 
 Fidelity switches (default ``${fidelity:<paper>,<reference>}``; ``fidelity=reference`` = official code)
 
-Each key's paper and reference values, with their sources: docs/methods.md §23.1 (the table of
-conf/method/fedcorr.yaml); what each key is: the field docs of ``FedCorrParams``.
+Values and sources of each key: docs/methods.md §23.1; what each key is: ``FedCorrParams``.
 
 ``stage1_replace`` only matters without fraction scheduling (one client per sub-round cannot repeat).
 Then the reference runs ⌊1/γ⌋ sub-rounds of ⌊γN⌋ draws (a client may train twice in a sub-round and

@@ -39,8 +39,7 @@ Two stages within the budget ``fl.rounds``; m = max(⌊frac·N⌋, 1) clients pe
 Switches (the paper's text was not available, so every default is the code's form, as FedNoRo's;
 the inferred paper forms are settable):
 
-Each key's paper and reference values, with their sources: docs/methods.md §23.31 (the table of
-conf/method/fedelc.yaml); what each key is: the field docs of ``FedELCParams``.
+Values and sources of each key: docs/methods.md §23.31; what each key is: ``FedELCParams``.
 
 Plain options: ``daagg`` (false: n_k-weighted FedAvg in stage 2), ``merge_prediction`` (false: ỹ is
 not merged with the prediction after the local epochs), for ablations.

@@ -26,8 +26,7 @@ Implementation notes
 
 Fidelity switches (paper = the paper and its official code; reference = FNBench's code)
 
-Each key's paper and reference values, with their sources: docs/methods.md §23.23 (the table of
-conf/method/fedexp.yaml); what each key is: the field docs of ``FedExPParams``.
+Values and sources of each key: docs/methods.md §23.23; what each key is: ``FedExPParams``.
 """
 from __future__ import annotations
 

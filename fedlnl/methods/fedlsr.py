@@ -31,8 +31,7 @@ run's rounds), then γ (the code's warm-up, counted in global rounds from the st
 Switches (the paper's text was not available, so every default is the code's form; the inferred
 paper forms are settable, ``method.<switch>=...``):
 
-Each key's paper and reference values, with their sources: docs/methods.md §23.29 (the table of
-conf/method/fedlsr.yaml); what each key is: the field docs of ``FedLSRParams``.
+Values and sources of each key: docs/methods.md §23.29; what each key is: ``FedLSRParams``.
 
 Implementation notes and deviations (methods.md §22.1)
 - Local training is the suite's (``fl`` group: SGD, epochs, batch, lr, momentum, weight decay; a fresh

@@ -57,8 +57,7 @@ participation would multiply by N/m (10× on CIFAR-10); ``fl.frac=1`` gives it a
 
 Alternatives to the code's forms (settable alone, same in both fidelities; methods.md §18.6):
 
-Each key's paper and reference values, with their sources: docs/methods.md §23.18 (the table of
-conf/method/fednoro.yaml); what each key is: the field docs of ``FedNoRoParams``.
+Values and sources of each key: docs/methods.md §23.18; what each key is: ``FedNoRoParams``.
 
 Plain switches and ablations
 - ``kd_temperature`` T = 0.8 (hard-coded in the code's ``train_FedNoRo``) divides the teacher's logits

@@ -37,8 +37,7 @@ receives are counted by the method: ``neighbour_models`` (this round) and ``byte
 Switch (the paper's text was not available, so the default is the code's form; the inferred paper
 form is settable):
 
-Each key's paper and reference values, with their sources: docs/methods.md §23.30 (the table of
-conf/method/fedrn.yaml); what each key is: the field docs of ``FedRNParams``.
+Values and sources of each key: docs/methods.md §23.30; what each key is: ``FedRNParams``.
 
 Implementation notes and deviations (methods.md §22.2)
 - Candidates are the clients with a cached model. The official code also ranks clients that never

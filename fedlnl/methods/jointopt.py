@@ -41,23 +41,17 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from fedlnl.conf.checks import integer, nonnegative, positive
+from fedlnl.conf.checks import integer, nonnegative
 from fedlnl.methods.common import engine, semisup
-from fedlnl.methods.common.params import Params, param, rule
+from fedlnl.methods.common.params import param, rule
 from fedlnl.methods.common.protocol import ClientUpdate, UpdatePlan, local_steps
 from fedlnl.methods.fedavg import FedAvg
 
 
 @dataclass(frozen=True)
-class JointOptParams(Params):
-    """JointOpt as local training (conf/method/jointopt.yaml; docs/methods.md §11)."""
+class JointOptParams(semisup.TwoStageParams):
+    """JointOpt as local training (conf/method/jointopt.yaml; docs/methods.md §11): its schedule and JointOpt's numbers."""
 
-    warmup_rounds: int = param("stage 1: FedAvg warm-up rounds", rule(integer, 0))
-    train_rounds: int = param("stage 2: rounds of JointOpt as local training", rule(integer, 1))
-    train_local_epochs: int = param("stage 2: local JointOpt epochs per participation", rule(integer, 1))
-    train_lr: float = param("stage 2: SGD learning rate", rule(positive))
-    train_momentum: float = param("stage 2: SGD momentum", rule(nonnegative))
-    train_weight_decay: float = param("stage 2: SGD weight decay", rule(nonnegative))
     alpha: float = param("α_Jo: weight of L_p (KL from the uniform prior to the batch-mean prediction)",
                          rule(nonnegative))
     beta: float = param("β_Jo: weight of L_e (mean prediction entropy)", rule(nonnegative))

@@ -25,14 +25,13 @@ Implementation notes
 
 Fidelity switches (paper = Blanchard et al.; reference = FNBench's code)
 
-Each key's paper and reference values, with their sources: docs/methods.md §23.19 (the table of
-conf/method/krum.yaml); what each key is: the field docs of ``KrumParams``.
+Values and sources of each key: docs/methods.md §23.19; what each key is: ``KrumParams``.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fedlnl.conf import checks
+from fedlnl.conf.checks import choice, integer
 from fedlnl.methods.common import engine, robust
 from fedlnl.methods.common.params import param, rule
 from fedlnl.methods.fedavg import FedAvg
@@ -44,12 +43,12 @@ NEIGHBOURS = ("nearest", "all")
 class KrumParams(robust.ByzantineParams):
     """Krum's own numbers (conf/method/krum.yaml; docs/methods.md §19.1, §19.5)."""
 
-    multi_m: int = param("Multi-Krum's m: the average of the m best-scored models; 1 = Krum", rule(checks.integer, 1))
+    multi_m: int = param("Multi-Krum's m: the average of the m best-scored models; 1 = Krum", rule(integer, 1))
     neighbours: str = param("score = squared distances to the n − f − 2 nearest (paper) | to all others (FNBench)",
-                            rule(checks.choice, NEIGHBOURS))
+                            rule(choice, NEIGHBOURS))
 
 
-class Krum(FedAvg):
+class Krum(robust.AssumedShare, FedAvg):
     family = "robust aggregation"
 
     Params = KrumParams
@@ -64,11 +63,6 @@ class Krum(FedAvg):
             raise ValueError(f"method.multi_m={self.multi_m} is invalid: allowed 1 <= multi_m <= {m} "
                              f"(the clients per round)")
         return rounds
-
-    def init(self, model, info, ctx):
-        state = super().init(model, info, ctx)
-        state["share"] = robust.assumed_share(self.byzantine_share, self.f, info)
-        return state
 
     def aggregate(self, state, updates, ctx):
         weights = [u.weights for u in updates]

@@ -24,8 +24,7 @@ Implementation notes
 
 Fidelity switches (paper = Sun et al.; reference = FNBench's code)
 
-Each key's paper and reference values, with their sources: docs/methods.md §23.22 (the table of
-conf/method/norm_clip.yaml); what each key is: the field docs of ``NormClipParams``.
+Values and sources of each key: docs/methods.md §23.22; what each key is: ``NormClipParams``.
 """
 from __future__ import annotations
 

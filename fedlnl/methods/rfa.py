@@ -19,8 +19,7 @@ Implementation notes
 
 Fidelity switches (paper = Pillutla et al. and their code; reference = FNBench's code)
 
-Each key's paper and reference values, with their sources: docs/methods.md §23.21 (the table of
-conf/method/rfa.yaml); what each key is: the field docs of ``RFAParams``.
+Values and sources of each key: docs/methods.md §23.21; what each key is: ``RFAParams``.
 """
 from __future__ import annotations
 

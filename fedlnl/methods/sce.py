@@ -12,8 +12,7 @@ Federated adaptation (FNBench): plain FedAvg whose clients train with ℓ_SL ins
 settings, fresh optimiser per round, n_k-weighted averaging); no state anywhere.
 
 Fidelity switches (``${fidelity:<paper>,<FNBench code>}``)
-Each key's paper and reference values, with their sources: docs/methods.md §23.26 (the table of
-conf/method/sce.yaml); what each key is: the field docs of ``SCEParams``.
+Values and sources of each key: docs/methods.md §23.26; what each key is: ``SCEParams``.
 """
 from __future__ import annotations
 

@@ -23,8 +23,7 @@ is uploaded); the server is FedAvg (n_k-weighted). Warm-up and restarts count gl
 (FNBench: warm-up = int(0.2·rounds); the paper's γ = 25 of 100 epochs has no FL reading).
 
 Fidelity switches and options
-Each key's paper and reference values, with their sources: docs/methods.md §23.25 (the table of
-conf/method/selfie.yaml); what each key is: the field docs of ``SELFIEParams``.
+Values and sources of each key: docs/methods.md §23.25; what each key is: ``SELFIEParams``.
 
 ``noise_rate: noise`` reads ``FederationInfo.noise_rate`` (the rate the noise config implies; never
 measured on labels; methods.md R3); a number is accepted in either mode. With restarts, every run

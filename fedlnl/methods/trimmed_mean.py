@@ -21,14 +21,13 @@ Implementation notes
 
 Fidelity switches (paper = Yin et al.; reference = FNBench's code)
 
-Each key's paper and reference values, with their sources: docs/methods.md §23.20 (the table of
-conf/method/trimmed_mean.yaml); what each key is: the field docs of ``TrimmedMeanParams``.
+Values and sources of each key: docs/methods.md §23.20; what each key is: ``TrimmedMeanParams``.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fedlnl.conf import checks
+from fedlnl.conf.checks import choice
 from fedlnl.methods.common import engine, robust
 from fedlnl.methods.common.params import param, rule
 from fedlnl.methods.fedavg import FedAvg
@@ -41,10 +40,10 @@ class TrimmedMeanParams(robust.ByzantineParams):
     """The trimmed mean's own numbers (conf/method/trimmed_mean.yaml; docs/methods.md §19.2, §19.5)."""
 
     trim: str = param("trim per coordinate (paper) | keep the n − 2f clients scored closest to the median (FNBench)",
-                      rule(checks.choice, TRIMS))
+                      rule(choice, TRIMS))
 
 
-class TrimmedMean(FedAvg):
+class TrimmedMean(robust.AssumedShare, FedAvg):
     family = "robust aggregation"
 
     Params = TrimmedMeanParams
@@ -53,11 +52,6 @@ class TrimmedMean(FedAvg):
         m = engine.cohort_size(self.fl.frac, info.num_clients)
         self.params.check_rounds(m, robust.trim_max, "trimming f from each end must keep one")
         return rounds
-
-    def init(self, model, info, ctx):
-        state = super().init(model, info, ctx)
-        state["share"] = robust.assumed_share(self.byzantine_share, self.f, info)
-        return state
 
     def aggregate(self, state, updates, ctx):
         weights = [u.weights for u in updates]

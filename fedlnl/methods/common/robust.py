@@ -107,6 +107,16 @@ class ByzantineParams(Params):
                                      f"(fl.frac × fl.num_clients): allowed f <= {max_f(m)}")
 
 
+class AssumedShare:
+    """Mixin before ``FedAvg`` (Krum, trimmed mean): the server state keeps the assumed Byzantine
+    share, resolved once from ``byzantine_share`` / ``f`` and the federation."""
+
+    def init(self, model, info, ctx):
+        state = super().init(model, info, ctx)
+        state["share"] = assumed_share(self.byzantine_share, self.f, info)
+        return state
+
+
 def resolve_share(value, info) -> float:
     """The assumed Byzantine share: a number as given, or with ``noise`` the federation's configured
     noisy-client share (``FederationInfo.noisy_client_share``, from the noise config alone)."""

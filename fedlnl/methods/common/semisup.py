@@ -53,6 +53,19 @@ def _share(doc: str):
 
 
 @dataclass(frozen=True)
+class TwoStageParams(Params):
+    """The schedule of a centralized method run as local training after a FedAvg warm-up (JointOpt,
+    DivideMix; docs/methods.md §11-12): stage 1 FedAvg, stage 2 the method with its own optimiser."""
+
+    warmup_rounds: int = param("stage 1: FedAvg warm-up rounds", rule(checks.integer, 0))
+    train_rounds: int = param("stage 2: rounds of the method as local training", rule(checks.integer, 1))
+    train_local_epochs: int = param("stage 2: local epochs per participation", rule(checks.integer, 1))
+    train_lr: float = param("stage 2: SGD learning rate", rule(checks.positive))
+    train_momentum: float = param("stage 2: SGD momentum", rule(checks.nonnegative))
+    train_weight_decay: float = param("stage 2: SGD weight decay", rule(checks.nonnegative))
+
+
+@dataclass(frozen=True)
 class DivideMixParams(Params):
     """The DivideMix numbers the federated and the centralized DivideMix share (their YAML files;
     docs/methods.md §12)."""
