@@ -267,6 +267,37 @@ def test_a_signal_saves_the_round_marks_it_interrupted_and_the_rerun_resumes(tmp
     assert numbers(json.loads((cell / "summary.json").read_text())) == numbers(ref)
 
 
+def test_a_stopped_joblib_sweep_starts_no_queued_cell(tmp_path):
+    """A local joblib sweep stopped with SIGTERM to its process group (what Ctrl-C or `kill -- -PGID`
+    reach): the worker saves its cell and starts none of the cells already queued to it, and no
+    process of the sweep is left training."""
+    sweep = tmp_path / "sweep"
+    cmd = _run_cmd("-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", f"hydra.sweep.dir={sweep}",
+                   "seed=0,1,2,3,4,5")
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+    deadline = time.time() + 300
+    while not any(len((c / "timing.jsonl").read_text().splitlines()) >= 3
+                  for c in sweep.glob("*seed=0") if (c / "timing.jsonl").exists()):
+        assert proc.poll() is None and time.time() < deadline, proc.communicate()[0][-3000:]
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGTERM)
+    proc.communicate(timeout=300)
+    deadline = time.time() + 120
+    while True:  # every process of the sweep's group ends
+        try:
+            os.killpg(proc.pid, 0)
+        except ProcessLookupError:
+            break
+        assert time.time() < deadline, "a process of the stopped sweep is still running"
+        time.sleep(0.2)
+    first = [c for c in sweep.iterdir() if c.name.endswith(("seed=0", "seed=1"))]
+    assert {json.loads((c / "summary.json").read_text())["status"] for c in first} == {"interrupted"}
+    started = [c.name for c in sweep.iterdir() if c.is_dir() and c not in first
+               and ((c / "metrics.jsonl").exists() or (c / "summary.json").exists())]
+    assert started == [], started
+
+
 # ------------------------------------------------------------------------------- locks
 def _lock(run_dir, **record):
     run_dir.mkdir(parents=True, exist_ok=True)

@@ -33,7 +33,7 @@ from fedlnl.benchmark.oracle import OracleScorer
 from fedlnl.benchmark.rundir import check_run_dir, completed, config_hash
 from fedlnl.benchmark.setting import setting_of
 from fedlnl.benchmark.sinks import JsonlSink, Sinks, WandbSink, write_json_atomic
-from fedlnl.benchmark.stop import StopRequest
+from fedlnl.benchmark.stop import StopRequest, refuse_after_signal
 from fedlnl.benchmark.validate import ConfigError
 from fedlnl.datasets.federation import federation_stats
 from fedlnl.methods.common import engine
@@ -297,6 +297,7 @@ def _free_name(path: Path) -> Path:
 def run(cfg: DictConfig, run_dir: Path, method_name: str, group: str = "single", typed=()) -> dict:
     """One run: check everything that needs no data, skip a complete cell, load data and check what
     needs it, then (holding the cell's lock) train. Nothing is written before the last check."""
+    refuse_after_signal()
     method = preflight.check_cell(cfg, compose.typed_keys(typed))
     runner = Runner(cfg, run_dir, method_name, group, method)
     check_run_dir(run_dir, runner.hash, runner.resolved)  # another config's run, a .lock that is no file

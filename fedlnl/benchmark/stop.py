@@ -19,12 +19,40 @@ run: same SLURM job id).
 from __future__ import annotations
 
 import logging
+import multiprocessing
+import os
 import signal
+import sys
 import threading
 
 log = logging.getLogger("fedlnl")
 
 SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGUSR1", "SIGUSR2") if hasattr(signal, name))
+
+#: the first stop signal this process received during a run. A process that runs several cells (a
+#: joblib worker of a local sweep) starts no further cell after it: its launcher was stopped too,
+#: and the worker would otherwise go on with the cells already queued to it.
+received: int | None = None
+
+
+def refuse_after_signal() -> None:
+    """Exit with 128 + signal, before anything is written, if this process was asked to stop."""
+    if received is not None:
+        log.warning("%s was received earlier in this process: not starting another cell",
+                    signal.Signals(received).name)
+        end(128 + int(received))
+
+
+def end(code: int) -> None:
+    """Exit with ``code``. A pool worker (a joblib sweep's loky process) ends at once: a SystemExit
+    there is caught as the cell's result, and the worker would wait for, or take, more cells while
+    its launcher, stopped by the same signal, is gone."""
+    if multiprocessing.parent_process() is not None:
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    raise SystemExit(code)
 
 
 class StopRequest:
@@ -46,6 +74,8 @@ class StopRequest:
         return self
 
     def _handle(self, signum, frame) -> None:
+        global received
+        received = signum if received is None else received
         if self.signum is None:
             self.signum = signum
             log.warning("%s received: finishing the current round, then saving a checkpoint and stopping",
@@ -68,7 +98,7 @@ class StopRequest:
         if callable(self.previous.get(self.signum)):
             log.warning("%s arrived as the run completed: nothing to save", self.name)
             return
-        raise SystemExit(128 + int(self.signum))
+        end(128 + int(self.signum))
 
     def exit(self) -> None:
         """After the cell is saved: pass the signal to the handler it replaced, then exit."""
@@ -76,4 +106,4 @@ class StopRequest:
         handler = self.previous.get(self.signum)
         if callable(handler):
             handler(self.signum, None)  # submitit: requeue (its warning signal) or log (SIGTERM)
-        raise SystemExit(128 + int(self.signum))
+        end(128 + int(self.signum))

@@ -1,0 +1,66 @@
+"""Experiments (fedlnl/conf/experiment/*.yaml): every method of an experiment's sweep gets the same
+budget of client participations, counted by the planner on the real schedule, and a cell of each
+experiment runs under ``debug=tiny``.
+
+Parametrized over conf/experiment/*.yaml: a new experiment is covered as soon as its YAML exists.
+"""
+import json
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from conftest import compose_cfg, method_names
+from fedlnl.benchmark.plan import plan_config
+from fedlnl.methods.common.engine import cohort_size
+
+CONF = Path(__file__).resolve().parents[1] / "fedlnl" / "conf"
+EXPERIMENTS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
+
+
+def swept_methods(name: str) -> list[str]:
+    """The methods an experiment sweeps (``glob(*)`` = every method YAML)."""
+    spec = str(OmegaConf.load(CONF / "experiment" / f"{name}.yaml").hydra.sweeper.params.method)
+    return method_names() if spec == "glob(*)" else [m.strip() for m in spec.split(",")]
+
+
+@pytest.mark.parametrize("name", EXPERIMENTS)
+def test_every_federated_method_of_an_experiment_gets_the_same_participation_budget(name):
+    # the digits data stand in for the experiment's dataset: a participation count depends on the
+    # schedule and the number of clients, not on the images (the federation keeps its client count)
+    base = [f"experiment={name}", "dataset=digits", "model=cnn", "logger=none", "device=cpu",
+            "noise.rho_tau=[0.6,0.5]"]
+    budgets = {}
+    for method in swept_methods(name):
+        cfg = compose_cfg([*base, f"method={method}"])
+        if method.endswith("_central"):  # no clients: its budget is epochs of the pooled data
+            continue
+        plan = plan_config(cfg, "cnn")
+        budgets[method] = plan.participations
+    cfg = compose_cfg(base)
+    expected = cfg.fl.rounds * cohort_size(cfg.fl.frac, cfg.fl.num_clients)
+    assert budgets and set(budgets.values()) == {expected}, budgets
+
+
+def test_reproduce_small_pins_the_small_schedule_column():
+    """``table_key: small`` reaches every multi-stage schedule: FedCorr 5 + 16 + 14, FedDiv 5
+    warm-up iterations + 30 rounds, JointOpt / DivideMix 16 + 64 rounds of 5 local epochs."""
+    def method(m):
+        return compose_cfg(["experiment=reproduce_small", f"method={m}"]).method
+
+    assert (method("fedcorr").T1, method("fedcorr").T2, method("fedcorr").T3) == (5, 16, 14)
+    assert method("feddiv").warmup_iterations == 5 and method("feddiv").training_rounds is None
+    for m in ("jointopt", "dividemix"):
+        assert (method(m).warmup_rounds, method(m).train_rounds, method(m).train_local_epochs) == (16, 64, 5)
+    cfg = compose_cfg(["experiment=reproduce_small"])
+    assert (cfg.dataset.name, cfg.model._target_.rsplit(".", 1)[1], cfg.fl.num_clients) == ("cifar10_jpeg", "LeNet", 100)
+
+
+@pytest.mark.parametrize("name", EXPERIMENTS)
+def test_a_cell_of_each_experiment_runs_under_debug_tiny(tmp_path, name):
+    from conftest import run_tiny
+
+    s = run_tiny(tmp_path / "cell", [f"experiment={name}", "noise.rho_tau=[0.6,0.5]"], "feddiv")
+    assert s["status"] == "complete" and s["rounds_run"] == s["total_rounds"]
+    rows = [json.loads(line) for line in (tmp_path / "cell" / "metrics.jsonl").read_text().splitlines()]
+    assert len(rows) >= 1 and all(0.0 <= r["acc"] <= 1.0 for r in rows if "acc" in r)
