@@ -13,8 +13,9 @@ object checks every field once, then ``check`` (relations between fields)::
         Params = FedProxParams
 
 The method is built as before, ``FedProx(fl=..., mu=1.0)``: ``Method.__init__`` keeps ``fl`` and builds
-``self.params``; each field, and each value the Params derive (a property), reads as ``self.mu`` (read-only). The class's signature is ``fl`` plus the
-fields, which is what ``compose.build_method`` checks a YAML node against.
+``self.params``; each field, and each value the Params derive (a property), reads as ``self.mu``
+(read-only). The class's signature is ``fl`` plus the fields, which is what ``compose.build_method``
+checks a YAML node against.
 """
 from __future__ import annotations
 
