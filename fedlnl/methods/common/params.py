@@ -71,11 +71,6 @@ class Params:
     def check(self) -> None:
         """Checks that relate several fields (override)."""
 
-    @classmethod
-    def docs(cls) -> dict[str, str]:
-        """{field: its one-line doc}."""
-        return {f.name: f.metadata.get("doc", "") for f in dataclasses.fields(cls)}
-
 
 class Method:
     """Base of every method: keeps the shared ``fl`` settings and the method's ``Params``."""
