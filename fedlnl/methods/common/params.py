@@ -25,7 +25,7 @@ import inspect
 from dataclasses import dataclass
 from typing import Callable, ClassVar
 
-from fedlnl.conf.checks import number, rule
+from fedlnl.conf.checks import number, rule  # noqa: F401 (rule: the methods write their fields with it)
 
 #: the config path a method's own keys are shown under in error messages
 PREFIX = "method."
