@@ -11,7 +11,7 @@ import torch
 from PIL import Image
 
 from conftest import compose_cfg, run_tiny
-from fedlnl.datasets import noise as noisemod
+from fedlnl.datasets import kinds
 from fedlnl.datasets import DataError, sources
 from fedlnl.datasets.federation import build_federation, clear_cache, load_source
 
@@ -223,7 +223,7 @@ def test_pairflip_per_client_levels_end_to_end(tmp_path):
     confusion = np.array(json.loads((tmp_path / "diagnostics.json").read_text())["confusion_before"])
     off = confusion - np.diag(np.diag(confusion))
     assert off.sum() == np.trace(np.roll(off, -1, axis=1))  # every error is c -> (c + 1) mod 10
-    assert noisemod.KINDS[:2] == ("symmetric", "pairflip")
+    assert tuple(kinds.noises())[:2] == ("symmetric", "pairflip")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -425,11 +425,11 @@ def test_setting_holds_only_the_options_its_kinds_read(part, noise, expected):
     """A run's setting names the options its partition and noise kinds read, nothing else, so runs
     that differ in an option they ignore group together and runs that differ in one they read don't
     (iid with Dirichlet sizes: its alpha is ``size_alpha``, not the label-skew alpha)."""
-    from fedlnl.benchmark.setting import EXTRAS, setting_of
+    from fedlnl.benchmark.setting import extras, setting_of
 
     setting = setting_of({"dataset": {"name": "digits"}, "partition": part, "noise": noise, "fl": {}})
-    extras = {k: v for k, v in setting.items() if k in EXTRAS["partition"] + EXTRAS["noise"]}
-    assert extras == expected
+    found = {k: v for k, v in setting.items() if k in extras()["partition"] + extras()["noise"]}
+    assert found == expected
     assert setting["alpha"] == (part["alpha"] if part["kind"] in ("noniid", "dirichlet") else None)
 
 

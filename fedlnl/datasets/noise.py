@@ -52,22 +52,32 @@ label set's or the dataset's published rate (``PUBLISHED_RATES``); None when non
 Real noise and unknown clean labels: a clean label of ``UNKNOWN_LABEL`` (-1; most of Clothing1M)
 is never counted as noisy and is left out of every realized rate (a client with no known clean
 label gets rate nan, and is not a noisy client). Randomness comes only from the ``rng`` passed in.
+
+Each kind is registered (``@noise_kind``, see ``kinds``) with its config keys, option checks, setting
+keys and report label. A kind on Eq. 4's levels is one function ``(flip, client indices, mu_k) ->
+(chosen indices, new labels)`` plus ``conf/noise/<kind>.yaml``; ``group=True`` makes it usable in
+``mixed``, ``share`` gives its nominal rate. torch is imported where used, so the report can read the
+registry without it.
 """
 from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
-from typing import Mapping
+from typing import TYPE_CHECKING, Mapping
 
 import numpy as np
-import torch
 from scipy.special import ndtr, ndtri
 
-from .labelmaps import CIFAR100_COARSE, CIFAR100_COARSE_CLASSES, resolve_map
+from .kinds import noise_kind
+from .kinds import noises as _noises
+from .labelmaps import CIFAR100_COARSE, CIFAR100_COARSE_CLASSES, NAMED_MAPS, resolve_map
+from .options import fail, number, one_of
 from .types import UNKNOWN_LABEL, DataError, Oracle, Source
 
-KINDS = ("symmetric", "pairflip", "asymmetric", "instance", "mixed")
-GROUP_KINDS = ("clean", "symmetric", "pairflip", "asymmetric", "instance")
+if TYPE_CHECKING:
+    import torch
+
+#: real human noise: the labels are replaced wholesale, Eq. 4's levels do not apply
 HUMAN_KINDS = ("cifarn",)
 COUNTS = ("exact", "bernoulli")
 LABEL_RANGES = ("all", "first10")
@@ -119,8 +129,8 @@ def add_noise(
     for k in np.flatnonzero(mu > 0):  # ascending client id, as the reference
         chosen, new = flip(str(client_kind[k]), client_indices[k], mu[k])
         observed[chosen] = new
-    return torch.from_numpy(observed), _oracle(labels, observed, client_indices, mu, client_kind != "clean",
-                                               tuple(str(c) for c in client_kind))
+    return _tensor(observed), _oracle(labels, observed, client_indices, mu, client_kind != "clean",
+                                      tuple(str(c) for c in client_kind))
 
 
 #: published share of wrong labels of real label sets: CIFAR-N (Wei et al., ICLR 2022, the rates
@@ -147,29 +157,25 @@ def nominal_rate(noise: Mapping, num_classes: int, classes: tuple[str, ...] = ()
         for g in check_groups(noise.get("groups")):
             if g["kind"] != "clean":
                 lo, hi = g.get("level") or (0.0 if tau is None else float(tau), 1.0)
-                total += g["share"] * _changed_share(g["kind"], lo, hi, noise, num_classes, classes)
+                share = _changed_share(g["kind"], lo, hi, noise, num_classes, classes)
+                if share is None:
+                    return None
+                total += g["share"] * share
         return total
     rho = float(noise.get("rho") or 0.0)  # E[gamma_k]; the levels mu_k ~ U(tau, 1) (Eq. 4)
     if rho == 0.0:
         return 0.0
-    return rho * _changed_share(kind, float(noise.get("tau") or 0.0), 1.0, noise, num_classes, classes)
+    share = _changed_share(kind, float(noise.get("tau") or 0.0), 1.0, noise, num_classes, classes)
+    return None if share is None else rho * share
 
 
-def _changed_share(kind: str, lo: float, hi: float, noise: Mapping, m: int, classes) -> float:
-    """E over mu ~ U(lo, hi) of the share of a noisy client's labels that really change."""
-    mean_mu = (lo + hi) / 2.0
-    if kind == "symmetric":  # a uniform redraw keeps the true class w.p. 1/M (also for first10)
-        return mean_mu * (1.0 if noise.get("exclude_true") else 1.0 - 1.0 / m)
-    if kind == "pairflip":
-        return mean_mu if m > 1 else 0.0
-    if kind == "asymmetric":  # only the mapped classes' samples move
-        dest = resolve_map(noise.get("map", "auto"), m, tuple(classes))
-        return mean_mu * float((dest >= 0).sum()) / m
-    if kind == "instance":  # each sample flips (never to its class) w.p. q ~ TN(mu, std^2, [0, 1])
-        std = float(noise.get("std", 0.1))
-        grid = lo + (hi - lo) * (np.arange(_LEVEL_GRID) + 0.5) / _LEVEL_GRID
-        return float(np.mean([truncated_normal_mean(mu, std) for mu in grid]))
-    raise ValueError(f"noise kind {kind!r} is invalid: allowed {', '.join(GROUP_KINDS)}")
+def _changed_share(kind: str, lo: float, hi: float, noise: Mapping, m: int, classes) -> float | None:
+    """E over mu ~ U(lo, hi) of the share of a noisy client's labels that really change (the kind's
+    registered ``share``; None when it declares none)."""
+    spec = _noises().get(kind)
+    if spec is None or not spec.levels:
+        raise ValueError(f"noise kind {kind!r} is invalid: allowed {', '.join(group_kinds())}")
+    return None if spec.share is None else spec.share(lo, hi, noise, m, classes)
 
 
 def nominal_noisy_share(noise: Mapping, real: str | None = None) -> float:
@@ -190,6 +196,13 @@ def nominal_rate_problem(noise: Mapping) -> str | None:
     before any data is loaded."""
     if noise.get("kind") in HUMAN_KINDS and noise.get("label_set") not in PUBLISHED_RATES:
         return f"noise.label_set={noise.get('label_set')} has no published noise rate here"
+    kinds = [noise.get("kind")]
+    if noise.get("kind") == "mixed":
+        kinds = [g.get("kind") for g in noise.get("groups") or [] if hasattr(g, "get")]
+    for kind in kinds:
+        spec = _noises().get(kind)
+        if spec is not None and spec.levels and spec.share is None:
+            return f"noise kind {kind} declares no share of labels it changes (its registered share)"
     return None
 
 
@@ -201,6 +214,130 @@ def client_noise_levels(num_clients: int, rho: float, tau: float, rng: np.random
     return gamma, mu
 
 
+# ---------------------------------------------------------------------------------------------
+# the kinds on Eq. 4's levels: (flip, one noisy client's indices, mu_k) -> (chosen, new labels)
+
+#: keys of a kind on Eq. 4's levels (besides ``kind``; fidelity and rho_tau are switch/sweep conveniences)
+LEVEL_KEYS = ("rho", "tau", "rho_tau", "fidelity")
+
+
+def check_levels(noise: dict) -> None:
+    """rho and tau of Eq. 4, then the kind's switches (``check_switches``)."""
+    number("noise.rho", noise.get("rho"), _share, "a share in [0, 1]")
+    number("noise.tau", noise.get("tau"), _share, "a noise level in [0, 1]")
+    check_switches(noise)
+
+
+def check_switches(noise: dict) -> None:
+    """The switches of the built-in kinds, each checked where present (the kind's keys say which)."""
+    if "count" in noise:
+        one_of("noise.count", noise["count"], COUNTS)
+    if "label_range" in noise:
+        one_of("noise.label_range", noise["label_range"], LABEL_RANGES)
+    if "exclude_true" in noise and not isinstance(noise["exclude_true"], bool):
+        fail("noise.exclude_true", noise["exclude_true"], "true or false")
+    if "std" in noise:
+        number("noise.std", noise["std"], lambda v: v >= 0, "a standard deviation >= 0")
+    if "map" in noise:
+        check_map(noise["map"])
+
+
+def check_map(spec) -> None:
+    """A named map, or a non-empty mapping of class indices (>= 0) or class names."""
+    if isinstance(spec, str):
+        one_of("noise.map", spec, NAMED_MAPS)
+        return
+    if not isinstance(spec, dict) or not spec:
+        fail("noise.map", spec, f"{', '.join(NAMED_MAPS)} or a mapping {{source class: destination class}}")
+    for a, b in spec.items():
+        for c in (a, b):
+            ok = (isinstance(c, int) and not isinstance(c, bool) and c >= 0) or (isinstance(c, str) and c.strip())
+            if not ok:
+                fail(f"noise.map.{a}", b, "class indices >= 0 or class names on both sides")
+
+
+def _share(v) -> bool:
+    return 0 <= v <= 1
+
+
+def _symmetric_share(lo, hi, noise, m, classes) -> float:
+    """A uniform redraw keeps the true class w.p. 1/M (also for first10)."""
+    return (lo + hi) / 2.0 * (1.0 if noise.get("exclude_true") else 1.0 - 1.0 / m)
+
+
+@noise_kind("symmetric", keys=LEVEL_KEYS + ("count", "label_range", "exclude_true"), check=check_levels,
+            group=True, share=_symmetric_share)
+def symmetric(flip: _Flipper, ix: np.ndarray, mu: float):
+    chosen = pick_noisy(ix, mu, flip.count, flip.rng)
+    return chosen, symmetric_labels(flip.y[chosen], flip.m, flip.label_range, flip.exclude_true, flip.rng)
+
+
+@noise_kind("pairflip", keys=LEVEL_KEYS + ("count",), check=check_levels, group=True,
+            share=lambda lo, hi, noise, m, classes: (lo + hi) / 2.0 if m > 1 else 0.0)
+def pairflip(flip: _Flipper, ix: np.ndarray, mu: float):
+    return mapped(flip, ix, mu, flip.dest("next"))
+
+
+def _asymmetric_share(lo, hi, noise, m, classes) -> float:
+    """Only the mapped classes' samples move."""
+    dest = resolve_map(noise.get("map", "auto"), m, tuple(classes))
+    return (lo + hi) / 2.0 * float((dest >= 0).sum()) / m
+
+
+@noise_kind("asymmetric", keys=LEVEL_KEYS + ("count", "map"), check=check_levels, setting=("map",),
+            group=True, share=_asymmetric_share)
+def asymmetric(flip: _Flipper, ix: np.ndarray, mu: float):
+    return mapped(flip, ix, mu, flip.dest(flip.map_spec))
+
+
+def mapped(flip: _Flipper, ix: np.ndarray, mu: float, dest: np.ndarray):
+    """A mu share of the samples of the classes ``dest`` moves (dest >= 0) go to their destination."""
+    eligible = ix[dest[flip.y[ix]] >= 0]  # samples of the classes the map moves
+    chosen = pick_noisy(eligible, mu, flip.count, flip.rng)
+    return chosen, dest[flip.y[chosen]]
+
+
+def _instance_share(lo, hi, noise, m, classes) -> float:
+    """Each sample flips (never to its class) w.p. q ~ TN(mu, std^2, [0, 1])."""
+    std = float(noise.get("std", 0.1))
+    grid = lo + (hi - lo) * (np.arange(_LEVEL_GRID) + 0.5) / _LEVEL_GRID
+    return float(np.mean([truncated_normal_mean(mu, std) for mu in grid]))
+
+
+@noise_kind("instance", keys=LEVEL_KEYS + ("std",), check=check_levels, setting=("std",), group=True,
+            share=_instance_share)
+def instance(flip: _Flipper, ix: np.ndarray, mu: float):
+    return ix, flip.instance(ix, mu)
+
+
+def group_kinds() -> tuple[str, ...]:
+    """The kinds a ``mixed`` group may have: clean, or a registered kind with ``group=True``."""
+    return ("clean",) + tuple(name for name, spec in _noises().items() if spec.group)
+
+
+def _check_mixed(noise: dict) -> None:
+    if noise.get("rho") is not None:
+        fail("noise.rho", noise["rho"], "null (noise=mixed: the groups' shares say which clients are noisy)")
+    if noise.get("tau") is not None:
+        number("noise.tau", noise["tau"], _share, "a noise level in [0, 1] or null")
+    check_groups(noise.get("groups"))
+    check_switches(noise)
+
+
+def _mixed_setting(noise) -> dict:
+    """The groups, and the setting keys of the kinds among them (asymmetric: map, instance: std)."""
+    kinds = {g.get("kind") for g in noise.get("groups") or [] if isinstance(g, dict)}
+    keys = ["groups"] + [key for name, spec in _noises().items() if name in kinds for key in spec.setting]
+    return {k: noise.get(k) for k in keys}
+
+
+def _named_label(setting, fmt) -> str:
+    """No (rho, tau) to show: the kind's name (and its label set, for real noise)."""
+    return " ".join(fmt(v) for v in (setting.get("noise"), setting.get("label_set")) if v is not None)
+
+
+@noise_kind("mixed", keys=("rho", "tau", "fidelity", "groups", "count", "label_range", "exclude_true", "map", "std"),
+            check=_check_mixed, setting=("groups",), setting_of=_mixed_setting, label=_named_label, levels=False)
 def group_levels(groups, num_clients: int, tau: float | None, rng: np.random.Generator):
     """(kind per client, mu): FNBench-style client groups, sizes round(share N) by largest remainder,
     members drawn by a random permutation; mu_k ~ U(level) in a noisy group, 0 in a clean one."""
@@ -230,8 +367,8 @@ def check_groups(groups) -> list[dict]:
         key = f"noise.groups[{i}]"
         if set(g) - {"kind", "share", "level"} or "kind" not in g or "share" not in g:
             raise ValueError(f"{key}={groups[i]!r} is invalid: allowed {{kind, share, level}} with kind and share")
-        if g["kind"] not in GROUP_KINDS:
-            raise ValueError(f"{key}.kind={g['kind']!r} is invalid: allowed {', '.join(GROUP_KINDS)}")
+        if g["kind"] not in group_kinds():
+            raise ValueError(f"{key}.kind={g['kind']!r} is invalid: allowed {', '.join(group_kinds())}")
         if not _number(g["share"]) or not 0.0 <= g["share"] <= 1.0:
             raise ValueError(f"{key}.share={g['share']!r} is invalid: allowed a share in [0, 1]")
         level = g.get("level")
@@ -281,17 +418,10 @@ class _Flipper:
         self._logits: np.ndarray | None = None
 
     def __call__(self, kind: str, ix: np.ndarray, mu: float):
-        if kind == "symmetric":
-            chosen = pick_noisy(ix, mu, self.count, self.rng)
-            return chosen, symmetric_labels(self.y[chosen], self.m, self.label_range, self.exclude_true, self.rng)
-        if kind in ("pairflip", "asymmetric"):
-            dest = self.dest("next" if kind == "pairflip" else self.map_spec)
-            eligible = ix[dest[self.y[ix]] >= 0]  # samples of the classes the map moves
-            chosen = pick_noisy(eligible, mu, self.count, self.rng)
-            return chosen, dest[self.y[chosen]]
-        if kind == "instance":
-            return ix, self.instance(ix, mu)
-        raise ValueError(f"noise kind {kind!r} is invalid: allowed {', '.join(GROUP_KINDS)}")
+        spec = _noises().get(kind)
+        if spec is None or not spec.levels:
+            raise ValueError(f"noise kind {kind!r} is invalid: allowed {', '.join(group_kinds())}")
+        return spec.fn(self, ix, mu)
 
     def dest(self, spec) -> np.ndarray:
         key = repr(spec)
@@ -315,6 +445,8 @@ class _Flipper:
     def logits(self) -> np.ndarray:
         """x_i W_{y_i} for every training sample (Algorithm 2, step 2: W_c ~ N(0, 1), class by class)."""
         if self._logits is None:
+            import torch
+
             if self.features is None:
                 raise ValueError("noise kind instance needs the training images (features)")
             x = torch.as_tensor(self.features).reshape(len(self.y), -1)
@@ -350,10 +482,10 @@ def truncated_normal_mean(mean: float, std: float) -> float:
 def _oracle(clean, observed, client_indices, mu, noisy_client, client_kind=()) -> Oracle:
     mask = (observed != clean) & (clean != UNKNOWN_LABEL)
     return Oracle(
-        clean_labels=torch.from_numpy(clean.copy()),
+        clean_labels=_tensor(clean.copy()),
         mu=np.asarray(mu, dtype=np.float64),
         noisy_client=np.asarray(noisy_client, dtype=bool),
-        noisy_mask=torch.from_numpy(mask),
+        noisy_mask=_tensor(mask),
         realized_rate=realized_rates(clean, observed, client_indices),
         client_kind=tuple(client_kind),
     )
@@ -378,11 +510,12 @@ def _real_noise(noisy, clean, client_indices, rho) -> tuple[torch.Tensor, Oracle
             f"this dataset has real label noise, synthetic noise must be off: set noise.rho=0 (got {rho})"
         )
     rate = realized_rates(clean, noisy, client_indices)
-    return torch.from_numpy(noisy.copy()), _oracle(clean, noisy, client_indices, rate, rate > 0)
+    return _tensor(noisy.copy()), _oracle(clean, noisy, client_indices, rate, rate > 0)
 
 
 def _validate(kind, rho, tau, count, label_range, std) -> None:
-    choices = (("kind", kind, KINDS), ("count", count, COUNTS), ("label_range", label_range, LABEL_RANGES))
+    synthetic = tuple(k for k in _noises() if k not in HUMAN_KINDS)
+    choices = (("kind", kind, synthetic), ("count", count, COUNTS), ("label_range", label_range, LABEL_RANGES))
     for key, value, allowed in choices:
         if value not in allowed:
             raise ValueError(f"noise.{key}={value!r} is invalid: allowed {', '.join(allowed)}")
@@ -400,9 +533,15 @@ def _number(v) -> bool:
 
 
 def _as_numpy(y) -> np.ndarray:
-    if isinstance(y, torch.Tensor):
+    if not isinstance(y, np.ndarray) and hasattr(y, "cpu"):  # a torch tensor
         y = y.cpu().numpy()
     return np.asarray(y, dtype=np.int64)
+
+
+def _tensor(a: np.ndarray) -> torch.Tensor:
+    import torch
+
+    return torch.from_numpy(a)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -429,11 +568,22 @@ def label_space(source: Source, noise: dict) -> Source:
     if source.num_classes != 100:
         raise ValueError(f"noise.label_set=coarse is invalid for {source.name} ({source.num_classes} classes): "
                          "allowed with CIFAR-100 (dataset=cifar100)")
-    coarse = torch.from_numpy(CIFAR100_COARSE)
+    coarse = _tensor(CIFAR100_COARSE)
     return replace(source, y_train=coarse[source.y_train], y_test=coarse[source.y_test], num_classes=20,
                    classes=CIFAR100_COARSE_CLASSES)
 
 
+def _check_cifarn(noise: dict) -> None:
+    one_of("noise.label_set", noise.get("label_set"), tuple(CIFARN_SETS))
+    for key in ("rho", "tau"):
+        if noise.get(key) not in (None, 0, 0.0):
+            fail(f"noise.{key}", noise[key], "null (real noise: no synthetic level)")
+    if not isinstance(noise.get("file"), str) or not noise["file"]:
+        fail("noise.file", noise.get("file"), "a path to the CIFAR-N .pt file or its folder")
+
+
+@noise_kind("cifarn", keys=("label_set", "file", "rho", "tau"), check=_check_cifarn, setting=("label_set",),
+            label=_named_label, levels=False)
 def human_noise(labels, client_indices, file, label_set, rho=None, tau=None, clean=None):
     """CIFAR-N labels as the observed labels; oracle: clean = the dataset's labels, mu and the
     noisy-client flag = each client's realized rate (> 0)."""
@@ -446,12 +596,13 @@ def human_noise(labels, client_indices, file, label_set, rho=None, tau=None, cle
     labels = _as_numpy(labels)
     noisy = cifarn_labels(file, label_set, labels)
     rate = realized_rates(labels, noisy, client_indices)
-    return torch.from_numpy(noisy), _oracle(labels.copy(), noisy, client_indices, rate, rate > 0)
+    return _tensor(noisy), _oracle(labels.copy(), noisy, client_indices, rate, rate > 0)
 
 
 def cifarn_labels(file, label_set: str, dataset_labels: np.ndarray) -> np.ndarray:
     """One CIFAR-N annotation set, after checking the file's clean labels equal the dataset's.
     ``file`` is the published ``.pt`` file or the directory holding it."""
+    import torch
     from hydra.utils import to_absolute_path  # relative paths: from the launch directory
 
     name, noisy_key, clean_key = CIFARN_SETS[label_set]

@@ -2,7 +2,8 @@
 
 ``check_options`` raises the one-line ``ConfigError`` (a ValueError) of ``fedlnl.conf.checks``,
 ``"KEY=VALUE is invalid: allowed ..."``, for the first bad option: unknown keys, kinds, shares, concentrations, integer counts, map entries, mixed
-groups, image sizes and the loaders' own keys (read from the loader's signature). Data-dependent
+groups, image sizes and the loaders' own keys (read from the loader's signature). A partition or
+noise kind's keys and checks are those it registered (``kinds``), with the helpers below. Data-dependent
 conditions (enough samples per client, class names of a map, files) are checked when the federation
 is built.
 """
@@ -14,32 +15,9 @@ from typing import Any, Mapping
 from omegaconf import DictConfig, OmegaConf
 
 from fedlnl.conf import checks
-from fedlnl.conf.checks import fail as _fail
-from fedlnl.conf.checks import is_number as _num
-from . import noise as noisemod
-from . import partition as partmod
-from .labelmaps import NAMED_MAPS
+from fedlnl.conf.checks import fail, integer, number  # noqa: F401 (the kinds' checks import them from here)
 
-#: keys each partition kind takes (besides ``kind``); p_alpha is noniid's sweep pair
-PARTITION_KEYS = {
-    "iid": ("sizes", "sigma", "alpha"),
-    "noniid": ("p", "alpha", "p_alpha"),
-    "shards": ("s",),
-    "classes": ("k",),
-    "dirichlet": ("alpha", "min_size"),
-}
-#: keys each noise kind takes (besides ``kind``; fidelity and rho_tau are sweep/switch conveniences)
-_SYNTHETIC = ("rho", "tau", "rho_tau", "fidelity", "count")
-NOISE_KEYS = {
-    "symmetric": _SYNTHETIC + ("label_range", "exclude_true"),
-    "pairflip": _SYNTHETIC,
-    "asymmetric": _SYNTHETIC + ("map",),
-    "instance": ("rho", "tau", "rho_tau", "fidelity", "std"),
-    "mixed": ("rho", "tau", "fidelity", "groups", "count", "label_range", "exclude_true", "map", "std"),
-    "cifarn": ("label_set", "file", "rho", "tau"),
-}
-assert set(NOISE_KEYS) == set(noisemod.KINDS + noisemod.HUMAN_KINDS)
-assert set(PARTITION_KEYS) == set(partmod.KINDS)
+from . import kinds
 
 
 def check_options(dataset_cfg: Mapping[str, Any], partition_cfg: Mapping[str, Any],
@@ -51,87 +29,31 @@ def check_options(dataset_cfg: Mapping[str, Any], partition_cfg: Mapping[str, An
 
 
 # ---------------------------------------------------------------------------------------------
-# partition
+# partition and noise: the kind's registered keys and checks (``kinds``)
 
 
 def check_partition(part: dict) -> None:
-    kind = _one_of("partition.kind", part.get("kind"), partmod.KINDS)
-    _known_keys("partition", kind, part, PARTITION_KEYS[kind])
-    if kind == "iid":
-        sizes = _one_of("partition.sizes", part.get("sizes", "equal"), partmod.SIZES)
-        if sizes == "lognormal":
-            _number("partition.sigma", part.get("sigma"), lambda v: v > 0, "a log-normal sigma > 0")
-        if sizes == "dirichlet":
-            _number("partition.alpha", part.get("alpha"), lambda v: v > 0, "a Dirichlet concentration > 0")
-    elif kind == "noniid":
-        pair = part.get("p_alpha")
-        if pair is not None and (not isinstance(pair, list) or len(pair) != 2):
-            _fail("partition.p_alpha", pair, "a pair [p, alpha] or null")
-        _number("partition.p", part.get("p"), lambda v: 0 < v <= 1, "a probability in (0, 1]")
-        _number("partition.alpha", part.get("alpha"), lambda v: v > 0, "a Dirichlet concentration > 0")
-    elif kind == "shards":
-        _integer("partition.s", part.get("s"), 1)
-    elif kind == "classes":
-        _integer("partition.k", part.get("k"), 1)
-    elif kind == "dirichlet":
-        _number("partition.alpha", part.get("alpha"), lambda v: v > 0, "a Dirichlet concentration > 0")
-        _integer("partition.min_size", part.get("min_size", 10), 0)
-
-
-# ---------------------------------------------------------------------------------------------
-# noise
+    kind = _kind("partition", part, kinds.partitions())
+    if kind.check is not None:
+        kind.check(part)
 
 
 def check_noise(noise: dict) -> None:
-    kind = _one_of("noise.kind", noise.get("kind"), noisemod.KINDS + noisemod.HUMAN_KINDS)
-    _known_keys("noise", kind, noise, NOISE_KEYS[kind])
-    if "fidelity" in noise:
-        _one_of("noise.fidelity", noise["fidelity"], ("paper", "reference"))
+    kind = _kind("noise", noise, kinds.noises())
+    if "fidelity" in noise:  # the noise switches' own fidelity (its YAML's ${fidelity:...} choices)
+        one_of("noise.fidelity", noise["fidelity"], ("paper", "reference"))
     pair = noise.get("rho_tau")
     if pair is not None and (not isinstance(pair, list) or len(pair) != 2):
-        _fail("noise.rho_tau", pair, "a pair [rho, tau] or null")
-    if kind in noisemod.HUMAN_KINDS:
-        _one_of("noise.label_set", noise.get("label_set"), tuple(noisemod.CIFARN_SETS))
-        for key in ("rho", "tau"):
-            if noise.get(key) not in (None, 0, 0.0):
-                _fail(f"noise.{key}", noise[key], "null (real noise: no synthetic level)")
-        if not isinstance(noise.get("file"), str) or not noise["file"]:
-            _fail("noise.file", noise.get("file"), "a path to the CIFAR-N .pt file or its folder")
-        return
-    share = lambda v: 0 <= v <= 1  # noqa: E731
-    if kind == "mixed":
-        if noise.get("rho") is not None:
-            _fail("noise.rho", noise["rho"], "null (noise=mixed: the groups' shares say which clients are noisy)")
-        if noise.get("tau") is not None:
-            _number("noise.tau", noise["tau"], share, "a noise level in [0, 1] or null")
-        noisemod.check_groups(noise.get("groups"))
-    else:
-        _number("noise.rho", noise.get("rho"), share, "a share in [0, 1]")
-        _number("noise.tau", noise.get("tau"), share, "a noise level in [0, 1]")
-    if "count" in noise:
-        _one_of("noise.count", noise["count"], noisemod.COUNTS)
-    if "label_range" in noise:
-        _one_of("noise.label_range", noise["label_range"], noisemod.LABEL_RANGES)
-    if "exclude_true" in noise:
-        checks.flag("noise.exclude_true", noise["exclude_true"])
-    if "std" in noise:
-        _number("noise.std", noise["std"], lambda v: v >= 0, "a standard deviation >= 0")
-    if "map" in noise:
-        check_map(noise["map"])
+        fail("noise.rho_tau", pair, "a pair [rho, tau] or null")
+    if kind.check is not None:
+        kind.check(noise)
 
 
-def check_map(spec) -> None:
-    """A named map, or a non-empty mapping of class indices (>= 0) or class names."""
-    if isinstance(spec, str):
-        _one_of("noise.map", spec, NAMED_MAPS)
-        return
-    if not isinstance(spec, dict) or not spec:
-        _fail("noise.map", spec, f"{', '.join(NAMED_MAPS)} or a mapping {{source class: destination class}}")
-    for a, b in spec.items():
-        for c in (a, b):
-            ok = checks.is_int(c, 0) or (isinstance(c, str) and c.strip())
-            if not ok:
-                _fail(f"noise.map.{a}", b, "class indices >= 0 or class names on both sides")
+def _kind(group: str, cfg: dict, registered: dict) -> kinds.Kind:
+    """The registered kind of a partition / noise node, after refusing keys it does not take."""
+    kind = registered[one_of(f"{group}.kind", cfg.get("kind"), tuple(registered))]
+    _known_keys(group, kind.name, cfg, kind.keys)
+    return kind
 
 
 # ---------------------------------------------------------------------------------------------
@@ -141,16 +63,16 @@ def check_map(spec) -> None:
 def check_dataset(ds: dict) -> None:
     target = ds.get("_target_")
     if not isinstance(target, str) or not target:
-        _fail("dataset._target_", target, "a loader such as fedlnl.datasets.sources.folder")
+        fail("dataset._target_", target, "a loader such as fedlnl.datasets.sources.folder")
     params = _loader_params(target)
     if params is not None:
         unknown = sorted(set(ds) - {"_target_", "family"} - set(params))  # family: the methods' table column
         if unknown:
-            _fail(f"dataset.{unknown[0]}", ds[unknown[0]], f"the keys of {target}: {', '.join(params)}")
+            fail(f"dataset.{unknown[0]}", ds[unknown[0]], f"the keys of {target}: {', '.join(params)}")
     for key, value in ds.items():
         rule = _DATASET_RULES.get((target.rsplit(".", 1)[-1], key)) or _DATASET_RULES.get(("*", key))
         if rule is not None and not rule[0](value):
-            _fail(f"dataset.{key}", value, rule[1])
+            fail(f"dataset.{key}", value, rule[1])
 
 
 def _loader_params(target: str) -> tuple[str, ...] | None:
@@ -169,6 +91,7 @@ def _loader_params(target: str) -> tuple[str, ...] | None:
 
 
 _int = checks.is_int
+_num = checks.is_number
 
 
 def _size(v) -> bool:
@@ -228,18 +151,14 @@ _DATASET_RULES = {
 # helpers
 
 
-def _one_of(key: str, value, allowed) -> str:
+def one_of(key: str, value, allowed) -> str:
     return checks.choice(key, value, allowed, text=True)
-
-
-_number = checks.number
-_integer = checks.integer
 
 
 def _known_keys(group: str, kind: str, cfg: dict, keys: tuple[str, ...]) -> None:
     unknown = sorted(set(cfg) - {"kind"} - set(keys))
     if unknown:
-        _fail(f"{group}.{unknown[0]}", cfg[unknown[0]], f"the keys of {group}={kind}: kind, {', '.join(keys)}")
+        fail(f"{group}.{unknown[0]}", cfg[unknown[0]], f"the keys of {group}={kind}: kind, {', '.join(keys)}")
 
 
 def _plain(cfg) -> dict:

@@ -11,7 +11,9 @@
   (the per-class form of Hsu et al., 2019 used by NIID-Bench, FedLab and Flower Datasets).
 
 Every function returns one sorted int64 array of global training indices per client; every index
-is assigned to exactly one client. Randomness comes only from the ``rng`` passed in.
+is assigned to exactly one client. Randomness comes only from the ``rng`` passed in. Each kind is
+registered (``@partition_kind``, see ``kinds``) with its config keys, option checks, setting keys and
+report label: a new kind is one such function here plus ``conf/partition/<kind>.yaml``.
 
 Deviations: ``shards`` spreads the remainder n mod (N s) over the shards (sizes differ by one)
 instead of dropping it; ``classes`` gives client i the class perm[i mod M] first (so every class
@@ -23,7 +25,13 @@ benchmarks (and this module) a client mix per class.
 """
 from __future__ import annotations
 
+import inspect
+
 import numpy as np
+
+from .kinds import partition_kind
+from .kinds import partitions as _partitions
+from .options import fail, integer, number, one_of
 
 #: give up redrawing empty rows of Phi after this many rounds (p is then far too small)
 _MAX_REDRAWS = 100_000
@@ -33,7 +41,7 @@ _MAX_DIRICHLET_DRAWS = 1000
 
 #: ``sizes`` of the iid partition: equal shards, or quantity skew
 SIZES = ("equal", "lognormal", "dirichlet")
-KINDS = ("iid", "noniid", "shards", "classes", "dirichlet")
+_CONCENTRATION = "a Dirichlet concentration > 0"
 
 
 def iid(
@@ -87,103 +95,39 @@ def quantity_sizes(n: int, num_clients: int, sizes: str, sigma: float, alpha: fl
     return 1 + np.diff(np.concatenate([[0], cuts]))
 
 
-def shards(labels: np.ndarray, num_clients: int, rng: np.random.Generator, s: int = 2) -> list[np.ndarray]:
-    """McMahan et al. 2017 §3 pathological non-IID: sort the indices by label (stable: original
-    order within a class), cut them into N*s contiguous shards, give each client s random shards.
-
-    Shard sizes are n // (N s) or one more (the remainder is spread, not dropped), so a client
-    with s shards holds at most s classes when every class size is a multiple of the shard size.
-    """
-    labels = np.asarray(labels, dtype=np.int64)
-    s = _positive_int("partition.s", s)
-    _check_num_clients(len(labels), num_clients)
-    if num_clients * s > len(labels):
-        raise ValueError(f"partition.s={s} is invalid: num_clients * s = {num_clients * s} shards exceed "
-                         f"the {len(labels)} training samples")
-    by_label = np.argsort(labels, kind="stable")
-    pieces = np.array_split(by_label, num_clients * s)
-    order = rng.permutation(num_clients * s)  # shard order[k s + r] goes to client k
-    return [np.sort(np.concatenate([pieces[j] for j in order[k * s:(k + 1) * s]])).astype(np.int64)
-            for k in range(num_clients)]
+def _check_iid(part: dict) -> None:
+    sizes = one_of("partition.sizes", part.get("sizes", "equal"), SIZES)
+    if sizes == "lognormal":
+        number("partition.sigma", part.get("sigma"), lambda v: v > 0, "a log-normal sigma > 0")
+    if sizes == "dirichlet":
+        number("partition.alpha", part.get("alpha"), lambda v: v > 0, _CONCENTRATION)
 
 
-def classes(labels: np.ndarray, num_clients: int, rng: np.random.Generator, k: int = 2,
-            num_classes: int | None = None) -> list[np.ndarray]:
-    """Each client holds exactly k classes ("#C=k", Li et al., ICDE 2022 §4.1); the samples of a
-    class, in random order, are split evenly among its holders (sizes differ by at most one)."""
-    labels = np.asarray(labels, dtype=np.int64)
-    m = _num_classes(labels, num_classes)
-    k = _positive_int("partition.k", k)
-    _check_num_clients(len(labels), num_clients)
-    if k > m:
-        raise ValueError(f"partition.k={k} is invalid: allowed an integer in [1, {m}] (the number of classes)")
-    if num_clients * k < m:
-        raise ValueError(f"partition.k={k} is invalid: {num_clients} clients x {k} classes cannot hold all "
-                         f"{m} classes (need num_clients * k >= {m})")
-    held = class_sets(num_clients, m, k, rng)
-    owner = [[] for _ in range(num_clients)]
-    for j in range(m):
-        members = rng.permutation(np.flatnonzero(labels == j))
-        holders = [c for c in range(num_clients) if j in held[c]]
-        if 0 < len(members) < len(holders):
-            raise ValueError(f"partition.k={k} is invalid: class {j} has {len(members)} samples for "
-                             f"{len(holders)} holders; lower k or use fewer clients")
-        for c, part in zip(holders, np.array_split(members, len(holders))):
-            owner[c].append(part)
-    out = [np.sort(np.concatenate(p)).astype(np.int64) for p in owner]
-    _check_nonempty(out, f"classes k={k}, num_clients={num_clients}")
-    return out
+def _iid_setting(part) -> dict:
+    """Equal sizes have no options; skewed sizes name theirs (the size alpha is not a label-skew alpha)."""
+    sizes = part.get("sizes")
+    if sizes in (None, "equal"):
+        return {}
+    return {"sizes": sizes, **({"sigma": part.get("sigma")} if sizes == "lognormal" else {"size_alpha": part.get("alpha")})}
 
 
-def class_sets(num_clients: int, num_classes: int, k: int, rng: np.random.Generator) -> list[set[int]]:
-    """k distinct classes per client, every class held by someone (needs N k >= M, k <= M).
-
-    Client i's first class is perm[i mod M]; the classes that are then still unheld (only when
-    N < M) are dealt round-robin as the clients' further classes; the rest are drawn uniformly
-    among the classes a client does not hold yet.
-    """
-    perm = rng.permutation(num_classes)
-    held = [{int(perm[i % num_classes])} for i in range(num_clients)]
-    unheld = [int(c) for c in perm[num_clients:]]  # empty when N >= M
-    for t, c in enumerate(unheld):
-        held[t % num_clients].add(c)
-    for h in held:
-        free = np.array(sorted(set(range(num_classes)) - h))
-        h.update(int(c) for c in rng.choice(free, size=k - len(h), replace=False))
-    return held
+@partition_kind("iid", keys=("sizes", "sigma", "alpha"), check=_check_iid,
+                setting=("sizes", "sigma", "size_alpha"), setting_of=_iid_setting, label=lambda s, fmt: "IID")
+def iid_partition(labels: np.ndarray, num_clients: int, rng: np.random.Generator, **options) -> list[np.ndarray]:
+    """:func:`iid` over the training set ``labels`` (only their number matters)."""
+    return iid(len(labels), num_clients, rng, **options)
 
 
-def dirichlet(labels: np.ndarray, num_clients: int, rng: np.random.Generator, alpha: float = 0.5,
-              min_size: int = 10, num_classes: int | None = None) -> list[np.ndarray]:
-    """Per-class Dirichlet label skew: for each class j, q_j ~ Dir(alpha 1_N) over all N clients
-    and the class's samples (random order) are cut at floor(n_j cumsum(q_j)) (Hsu et al. 2019's
-    Dir(alpha) in the per-class form of NIID-Bench). Redrawn whole until every client holds at least
-    ``min_size`` samples."""
-    labels = np.asarray(labels, dtype=np.int64)
-    m = _num_classes(labels, num_classes)
-    _check_num_clients(len(labels), num_clients)
-    if not alpha > 0:
-        raise ValueError(f"partition.alpha={alpha} is invalid: allowed a Dirichlet concentration > 0")
-    min_size = _positive_int("partition.min_size", min_size, lowest=0)
-    if num_clients * min_size > len(labels):
-        raise ValueError(f"partition.min_size={min_size} is invalid: {num_clients} clients x {min_size} "
-                         f"exceed the {len(labels)} training samples")
-    for _ in range(_MAX_DIRICHLET_DRAWS):
-        owner = [[] for _ in range(num_clients)]
-        for j in range(m):
-            members = rng.permutation(np.flatnonzero(labels == j))
-            q = rng.dirichlet(np.full(num_clients, float(alpha)))  # q_j ~ Dir(alpha 1_N)
-            cuts = np.floor(len(members) * np.cumsum(q)[:-1] + 1e-9).astype(np.int64)
-            for c, part in enumerate(np.split(members, np.minimum(cuts, len(members)))):
-                owner[c].append(part)
-        out = [np.sort(np.concatenate(p)).astype(np.int64) for p in owner]
-        if min(len(x) for x in out) >= max(min_size, 1):
-            return out
-    raise ValueError(f"partition.alpha={alpha} is invalid here: after {_MAX_DIRICHLET_DRAWS} draws some client "
-                     f"still held fewer than min_size={min_size} samples; raise alpha, lower "
-                     "partition.min_size or use fewer clients")
+def _check_noniid(part: dict) -> None:
+    pair = part.get("p_alpha")
+    if pair is not None and (not isinstance(pair, list) or len(pair) != 2):
+        fail("partition.p_alpha", pair, "a pair [p, alpha] or null")
+    number("partition.p", part.get("p"), lambda v: 0 < v <= 1, "a probability in (0, 1]")
+    number("partition.alpha", part.get("alpha"), lambda v: v > 0, _CONCENTRATION)
 
 
+@partition_kind("noniid", keys=("p", "alpha", "p_alpha"), check=_check_noniid, setting=("p", "alpha"),
+                label=lambda s, fmt: f"non-IID ({fmt(s.get('p'))},{fmt(s.get('alpha'))})")
 def noniid(
     labels: np.ndarray,
     num_clients: int,
@@ -234,6 +178,112 @@ def class_assignment(num_clients: int, num_classes: int, p: float, rng: np.rando
     raise ValueError(f"partition.p={p} is too small: some client holds no class after {_MAX_REDRAWS} redraws")
 
 
+@partition_kind("shards", keys=("s",), check=lambda part: integer("partition.s", part.get("s"), 1), setting=("s",))
+def shards(labels: np.ndarray, num_clients: int, rng: np.random.Generator, s: int = 2) -> list[np.ndarray]:
+    """McMahan et al. 2017 §3 pathological non-IID: sort the indices by label (stable: original
+    order within a class), cut them into N*s contiguous shards, give each client s random shards.
+
+    Shard sizes are n // (N s) or one more (the remainder is spread, not dropped), so a client
+    with s shards holds at most s classes when every class size is a multiple of the shard size.
+    """
+    labels = np.asarray(labels, dtype=np.int64)
+    s = _positive_int("partition.s", s)
+    _check_num_clients(len(labels), num_clients)
+    if num_clients * s > len(labels):
+        raise ValueError(f"partition.s={s} is invalid: num_clients * s = {num_clients * s} shards exceed "
+                         f"the {len(labels)} training samples")
+    by_label = np.argsort(labels, kind="stable")
+    pieces = np.array_split(by_label, num_clients * s)
+    order = rng.permutation(num_clients * s)  # shard order[k s + r] goes to client k
+    return [np.sort(np.concatenate([pieces[j] for j in order[k * s:(k + 1) * s]])).astype(np.int64)
+            for k in range(num_clients)]
+
+
+@partition_kind("classes", keys=("k",), check=lambda part: integer("partition.k", part.get("k"), 1), setting=("k",))
+def classes(labels: np.ndarray, num_clients: int, rng: np.random.Generator, k: int = 2,
+            num_classes: int | None = None) -> list[np.ndarray]:
+    """Each client holds exactly k classes ("#C=k", Li et al., ICDE 2022 §4.1); the samples of a
+    class, in random order, are split evenly among its holders (sizes differ by at most one)."""
+    labels = np.asarray(labels, dtype=np.int64)
+    m = _num_classes(labels, num_classes)
+    k = _positive_int("partition.k", k)
+    _check_num_clients(len(labels), num_clients)
+    if k > m:
+        raise ValueError(f"partition.k={k} is invalid: allowed an integer in [1, {m}] (the number of classes)")
+    if num_clients * k < m:
+        raise ValueError(f"partition.k={k} is invalid: {num_clients} clients x {k} classes cannot hold all "
+                         f"{m} classes (need num_clients * k >= {m})")
+    held = class_sets(num_clients, m, k, rng)
+    owner = [[] for _ in range(num_clients)]
+    for j in range(m):
+        members = rng.permutation(np.flatnonzero(labels == j))
+        holders = [c for c in range(num_clients) if j in held[c]]
+        if 0 < len(members) < len(holders):
+            raise ValueError(f"partition.k={k} is invalid: class {j} has {len(members)} samples for "
+                             f"{len(holders)} holders; lower k or use fewer clients")
+        for c, part in zip(holders, np.array_split(members, len(holders))):
+            owner[c].append(part)
+    out = [np.sort(np.concatenate(p)).astype(np.int64) for p in owner]
+    _check_nonempty(out, f"classes k={k}, num_clients={num_clients}")
+    return out
+
+
+def class_sets(num_clients: int, num_classes: int, k: int, rng: np.random.Generator) -> list[set[int]]:
+    """k distinct classes per client, every class held by someone (needs N k >= M, k <= M).
+
+    Client i's first class is perm[i mod M]; the classes that are then still unheld (only when
+    N < M) are dealt round-robin as the clients' further classes; the rest are drawn uniformly
+    among the classes a client does not hold yet.
+    """
+    perm = rng.permutation(num_classes)
+    held = [{int(perm[i % num_classes])} for i in range(num_clients)]
+    unheld = [int(c) for c in perm[num_clients:]]  # empty when N >= M
+    for t, c in enumerate(unheld):
+        held[t % num_clients].add(c)
+    for h in held:
+        free = np.array(sorted(set(range(num_classes)) - h))
+        h.update(int(c) for c in rng.choice(free, size=k - len(h), replace=False))
+    return held
+
+
+def _check_dirichlet(part: dict) -> None:
+    number("partition.alpha", part.get("alpha"), lambda v: v > 0, _CONCENTRATION)
+    integer("partition.min_size", part.get("min_size", 10), 0)
+
+
+@partition_kind("dirichlet", keys=("alpha", "min_size"), check=_check_dirichlet, setting=("alpha", "min_size"),
+                label=lambda s, fmt: f"dirichlet (α={fmt(s.get('alpha'))})")
+def dirichlet(labels: np.ndarray, num_clients: int, rng: np.random.Generator, alpha: float = 0.5,
+              min_size: int = 10, num_classes: int | None = None) -> list[np.ndarray]:
+    """Per-class Dirichlet label skew: for each class j, q_j ~ Dir(alpha 1_N) over all N clients
+    and the class's samples (random order) are cut at floor(n_j cumsum(q_j)) (Hsu et al. 2019's
+    Dir(alpha) in the per-class form of NIID-Bench). Redrawn whole until every client holds at least
+    ``min_size`` samples."""
+    labels = np.asarray(labels, dtype=np.int64)
+    m = _num_classes(labels, num_classes)
+    _check_num_clients(len(labels), num_clients)
+    if not alpha > 0:
+        raise ValueError(f"partition.alpha={alpha} is invalid: allowed a Dirichlet concentration > 0")
+    min_size = _positive_int("partition.min_size", min_size, lowest=0)
+    if num_clients * min_size > len(labels):
+        raise ValueError(f"partition.min_size={min_size} is invalid: {num_clients} clients x {min_size} "
+                         f"exceed the {len(labels)} training samples")
+    for _ in range(_MAX_DIRICHLET_DRAWS):
+        owner = [[] for _ in range(num_clients)]
+        for j in range(m):
+            members = rng.permutation(np.flatnonzero(labels == j))
+            q = rng.dirichlet(np.full(num_clients, float(alpha)))  # q_j ~ Dir(alpha 1_N)
+            cuts = np.floor(len(members) * np.cumsum(q)[:-1] + 1e-9).astype(np.int64)
+            for c, part in enumerate(np.split(members, np.minimum(cuts, len(members)))):
+                owner[c].append(part)
+        out = [np.sort(np.concatenate(p)).astype(np.int64) for p in owner]
+        if min(len(x) for x in out) >= max(min_size, 1):
+            return out
+    raise ValueError(f"partition.alpha={alpha} is invalid here: after {_MAX_DIRICHLET_DRAWS} draws some client "
+                     f"still held fewer than min_size={min_size} samples; raise alpha, lower "
+                     "partition.min_size or use fewer clients")
+
+
 def make_partition(
     labels: np.ndarray,
     num_clients: int,
@@ -242,18 +292,14 @@ def make_partition(
     num_classes: int | None = None,
     **params,
 ) -> list[np.ndarray]:
-    """Dispatch on the partition config's ``kind`` (see ``KINDS``); ``params`` are its other keys."""
-    if kind == "iid":
-        return iid(len(labels), num_clients, rng, **params)
-    if kind == "noniid":
-        return noniid(labels, num_clients, rng=rng, num_classes=num_classes, **params)
-    if kind == "shards":
-        return shards(labels, num_clients, rng, **params)
-    if kind == "classes":
-        return classes(labels, num_clients, rng, num_classes=num_classes, **params)
-    if kind == "dirichlet":
-        return dirichlet(labels, num_clients, rng, num_classes=num_classes, **params)
-    raise ValueError(f"unknown partition kind {kind!r} (expected one of {', '.join(KINDS)})")
+    """Call the partition kind ``kind`` (registered, see ``kinds``); ``params`` are its other keys."""
+    registered = _partitions()
+    if kind not in registered:
+        raise ValueError(f"unknown partition kind {kind!r} (expected one of {', '.join(registered)})")
+    fn = registered[kind].fn
+    if "num_classes" in inspect.signature(fn).parameters:
+        params["num_classes"] = num_classes
+    return fn(labels, num_clients, rng=rng, **params)
 
 
 def _check_num_clients(n: int, num_clients: int) -> None:

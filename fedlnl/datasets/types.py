@@ -7,9 +7,12 @@ imports of the package run one way: types <- {sources, partition, noise} <- fede
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
+
+if TYPE_CHECKING:  # annotations only: the report reads the kinds registry without importing torch
+    import torch
 
 #: a clean label the dataset does not give (Clothing1M: most of the training set)
 UNKNOWN_LABEL = -1

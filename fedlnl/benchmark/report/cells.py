@@ -9,14 +9,13 @@ import json
 import numpy as np
 import pandas as pd
 
-from fedlnl.benchmark.setting import EXTRAS as SETTING_EXTRAS
+from fedlnl.benchmark.setting import extras as setting_extras
 from fedlnl.conf.keys import NON_RESULT_KEYS
+from fedlnl.datasets import kinds
 from fedlnl.methods.common.families import FAMILIES
 
 
 SETTING_KEYS = ("rho", "tau", "partition", "p", "alpha", "num_clients")
-#: kind-specific setting keys (s, k, sizes, map, ...): left out of a column label where unset
-EXTRAS = tuple(k for keys in SETTING_EXTRAS.values() for k in keys)
 MISSING = "missing"
 NOT_RUN = "not run"  # status of a placeholder: a cell of the reference grid without any run
 
@@ -79,25 +78,35 @@ def column_parts(frame: pd.DataFrame, rows: str, by: Sequence[str] = ()) -> list
     return [part for part in parts if rows not in part]
 
 
+def _setting(run: pd.Series, group: str) -> dict:
+    """The run's setting values by bare key (what a kind's registered label reads): its partition or
+    noise config keys, overridden by its setting keys where given."""
+    values = {}
+    for prefix in (f"config.{group}.", "setting."):
+        values.update({k[len(prefix):]: canon(v) for k, v in run.items()
+                       if str(k).startswith(prefix) and canon(v) is not None})
+    return {**values, **{k: canon(run.get(k)) for k in SETTING_KEYS if k in run}}
+
+
 def part_label(part: tuple[str, ...], run: pd.Series) -> str:
+    """A column label part; a partition's, and a noise's without (rho, tau), is its kind's registered
+    label (``fedlnl.datasets.kinds``), a kind this process does not know is named as it is."""
     value = {k: run.get(k) for k in part}
     if part == ("rho", "tau"):
         if canon(value["rho"]) is None:  # real noise (CIFAR-10N) or noise=mixed (groups): named by kind
-            words = [fmt(run.get(k)) for k in ("setting.noise", "config.noise.label_set")
-                     if canon(run.get(k)) is not None]
-            return " ".join(words + ([f"τ={fmt(value['tau'])}"] if canon(value["tau"]) is not None else []))
+            kind = kinds.noise(canon(run.get("setting.noise")))
+            words = [kind.label_of(_setting(run, "noise"), fmt)] if kind is not None else [
+                fmt(run.get(k)) for k in ("setting.noise", "config.noise.label_set") if canon(run.get(k)) is not None]
+            tau = [f"τ={fmt(value['tau'])}"] if canon(value["tau"]) is not None else []
+            return " ".join([w for w in words if w] + tau)
         return f"({fmt(value['rho'])},{fmt(value['tau'])})"
     if part == ("partition", "p", "alpha"):
-        kind = canon(value["partition"])
-        if kind == "iid":
-            return "IID"
-        if kind == "dirichlet":
-            return f"dirichlet (α={fmt(value['alpha'])})"
-        if kind not in (None, "noniid"):  # shards, classes: their own keys (s, k) label themselves
-            return str(kind)
-        return f"non-IID ({fmt(value['p'])},{fmt(value['alpha'])})"
+        name = canon(value["partition"])
+        kind = kinds.partition("noniid" if name is None else name)  # None: runs from before the kinds
+        return str(name) if kind is None else kind.label_of(_setting(run, "partition"), fmt)
     (key,) = part
-    if key.startswith("setting.") and key[len("setting."):] in EXTRAS and canon(value[key]) is None:
+    extras = (*setting_extras()["partition"], *setting_extras()["noise"])
+    if key.startswith("setting.") and key[len("setting."):] in extras and canon(value[key]) is None:
         return ""  # an option of another partition / noise kind (e.g. s= on a classes run)
     if key in ("setting.noise", "setting.label_set") and canon(run.get("rho")) is None:
         return ""  # real or mixed noise: the (rho, tau) part already names it

@@ -1,0 +1,128 @@
+"""The registry of partition and noise kinds: each kind is registered by a decorator on the function
+that implements it (``@partition_kind`` in partition.py, ``@noise_kind`` in noise.py), and the
+declaration carries everything the rest of the suite reads about the kind:
+
+- ``keys``: the config keys it takes besides ``kind`` (the option checks refuse any other key);
+- ``check``: its own option checks, ``check(node)`` on the plain config node, raising the one-line
+  ``ValueError("KEY=VALUE is invalid: allowed ...")``;
+- ``setting``: the keys that name its setting in a run's ``setting`` (``summary.json``; the report
+  groups runs by them), and ``setting_of(node)`` when they are not plain copies of config keys;
+- ``label``: its report column label, ``label(setting, fmt)`` (``fmt`` formats one value); a noise
+  kind on Eq. 4's levels is labelled by its (rho, tau) instead.
+
+A new kind is therefore one decorated function plus its YAML (``conf/partition/<kind>.yaml`` or
+``conf/noise/<kind>.yaml`` with ``kind: <kind>``); a kind defined outside fedlnl registers when its
+module is imported. The built-in kinds come first, then the others in registration order: the order
+of the ``allowed ...`` lists in errors.
+
+Pure Python on purpose: the report reads labels and setting keys from here without torch.
+"""
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
+
+#: the modules that define the built-in kinds, imported on the first lookup
+BUILTIN_MODULES = ("fedlnl.datasets.partition", "fedlnl.datasets.noise")
+
+
+@dataclass(frozen=True)
+class Kind:
+    """One partition or noise kind (module notes). ``fn`` is the registered function.
+
+    Partition kinds: ``fn(labels, num_clients, rng, **options)`` (plus ``num_classes=`` when it
+    declares that parameter) returns one sorted int64 index array per client.
+
+    Noise kinds: ``levels`` says FedCorr Eq. 4's per-client levels (``rho``, ``tau``) apply, then
+    ``fn(flip, indices, mu)`` returns (chosen indices, their new labels) for one noisy client at
+    level ``mu`` (``flip``: the labels, rng and options, ``noise._Flipper``); ``group``: usable as a
+    ``noise=mixed`` group's kind; ``share(mean_mu, noise, num_classes, classes)``: the expected share
+    of a noisy client's labels that really change (the nominal noise rate; None: unknown). A kind
+    without levels (``mixed``, real noise) is applied by ``fn`` as a whole (see noise.add_noise).
+    """
+
+    name: str
+    fn: Callable
+    keys: tuple[str, ...] = ()
+    check: Callable[[dict], None] | None = None
+    setting: tuple[str, ...] = ()
+    setting_of: Callable[[Mapping], dict] | None = None
+    label: Callable[[Mapping, Callable[[Any], str]], str] | None = None
+    levels: bool = True
+    group: bool = False
+    share: Callable | None = None
+
+    def settings(self, node: Mapping) -> dict:
+        """The setting keys of this kind from a (resolved) config node."""
+        if self.setting_of is not None:
+            return self.setting_of(node)
+        return {k: node.get(k) for k in self.setting}
+
+    def label_of(self, setting: Mapping, fmt: Callable[[Any], str]) -> str:
+        return self.label(setting, fmt) if self.label is not None else self.name
+
+
+_PARTITIONS: dict[str, Kind] = {}
+_NOISES: dict[str, Kind] = {}
+_loaded = False
+
+
+def _register(table: dict[str, Kind], what: str, name: str, **spec) -> Callable:
+    def decorator(fn: Callable) -> Callable:
+        _load()  # the built-in kinds first, so they lead every list of allowed kinds
+        if name in table and table[name].fn is not fn:
+            raise ValueError(f"{what} kind {name!r} is registered twice ({table[name].fn.__module__} and "
+                             f"{fn.__module__})")
+        table[name] = Kind(name=name, fn=fn, **spec)
+        return fn
+    return decorator
+
+
+def partition_kind(name: str, **spec) -> Callable:
+    """Decorator: register ``fn`` as partition kind ``name`` (fields: see :class:`Kind`)."""
+    return _register(_PARTITIONS, "partition", name, **spec)
+
+
+def noise_kind(name: str, **spec) -> Callable:
+    """Decorator: register ``fn`` as noise kind ``name`` (fields: see :class:`Kind`)."""
+    return _register(_NOISES, "noise", name, **spec)
+
+
+def unregister(group: str, name: str) -> None:
+    """Forget a kind (``group``: partition or noise); for tests that register a kind of their own."""
+    {"partition": _PARTITIONS, "noise": _NOISES}[group].pop(name, None)
+
+
+def _load() -> None:
+    global _loaded
+    if not _loaded:
+        _loaded = True
+        for module in BUILTIN_MODULES:
+            importlib.import_module(module)
+
+
+def partitions() -> dict[str, Kind]:
+    """Every registered partition kind, in registration order."""
+    _load()
+    return dict(_PARTITIONS)
+
+
+def noises() -> dict[str, Kind]:
+    """Every registered noise kind, in registration order."""
+    _load()
+    return dict(_NOISES)
+
+
+def partition(name) -> Kind | None:
+    return partitions().get(name) if isinstance(name, str) else None
+
+
+def noise(name) -> Kind | None:
+    return noises().get(name) if isinstance(name, str) else None
+
+
+def setting_keys(group: str) -> tuple[str, ...]:
+    """Every setting key a kind of ``group`` (partition or noise) can write, in registration order."""
+    kinds = partitions() if group == "partition" else noises()
+    return tuple(dict.fromkeys(k for kind in kinds.values() for k in kind.setting))
