@@ -42,10 +42,13 @@ Decisions where the reference is silent or degenerate (documented deviations)
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 
-from fedlnl.methods.common import checks, engine
+from fedlnl.conf.checks import positive, unit
+from fedlnl.methods.common import engine
+from fedlnl.methods.common.params import Params, param, rule
 from fedlnl.methods.fedavg import FedAvg
 
 #: the reference's constant in the scale of residuals: 1.4826 (1 + 5/(n−1)) · MAD-like statistic
@@ -152,14 +155,19 @@ def irls_aggregate(weights: list[dict[str, torch.Tensor]], lam: float, delta: fl
     return out, full
 
 
+@dataclass(frozen=True)
+class ARFLParams(Params):
+    """ARFL's own numbers (conf/method/arfl.yaml)."""
+
+    lam: float = param("λ: Huber constant K = λ·sqrt(2/n) of the IRLS weight", rule(positive, "a Huber constant λ > 0"))
+    delta: float = param("δ: coordinates whose IRLS weight is below δ are clipped to the repeated-median line",
+                         rule(unit, "a clipping threshold in [0, 1]"))
+
+
 class ARFL(FedAvg):
     family = "robust aggregation"
 
-    def __init__(self, fl, lam, delta):
-        checks.number("lam", lam, lambda v: v > 0, "a Huber constant λ > 0")
-        checks.number("delta", delta, lambda v: 0.0 <= v <= 1.0, "a clipping threshold in [0, 1]")
-        super().__init__(fl)
-        self.lam, self.delta = lam, delta
+    Params = ARFLParams
 
     def aggregate(self, state, updates, ctx):
         state["global"], coef = irls_aggregate([u.weights for u in updates], self.lam, self.delta)
