@@ -240,7 +240,7 @@ def test_vgg11_trains_the_same_whatever_the_global_rng():
     from fedlnl.models.vgg import VGG11
 
     torch.manual_seed(0)
-    model = VGG11(10, (3, 32, 32), reference_head=False).train()
+    model = VGG11(10, (3, 32, 32), reference_head=False, dropout_rng="client").train()
     assert sum(isinstance(m, ClientDropout) for m in model.modules()) == 2
     x = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(3))
     outs = []

@@ -20,11 +20,17 @@ from torch import nn
 from fedlnl.models.layers import AdaptiveAvgPool2d, ClientDropout
 
 REFERENCE_OUTPUTS = 1000
+#: where dropout masks come from; recorded in the config (and so in its hash) because runs made when
+#: the masks came from torch's global RNG gave other numbers: they are never resumed or skipped as
+#: runs of this config
+DROPOUT_RNG = ("client",)
 
 
 class VGG11(nn.Module):
-    def __init__(self, num_classes: int, input_shape: Sequence[int], reference_head: bool):
+    def __init__(self, num_classes: int, input_shape: Sequence[int], reference_head: bool, dropout_rng: str):
         super().__init__()
+        if dropout_rng not in DROPOUT_RNG:
+            raise ValueError(f"model.dropout_rng={dropout_rng!r} is invalid: allowed {', '.join(DROPOUT_RNG)}")
         out = REFERENCE_OUTPUTS if reference_head else num_classes
         net = torchvision.models.vgg11(num_classes=out)
         if input_shape[0] != 3:
