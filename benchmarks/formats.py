@@ -25,7 +25,7 @@ MODELS = {  # name -> (constructor, input shape, eval batch scale)
     "lenet": (lambda: LeNet(10, (3, 32, 32)), (3, 32, 32), 1.0),
     "cnn": (lambda: CNN(10, (1, 8, 8), (16, 32), 2), (1, 8, 8), 1.0),
     "resnet18": (lambda: resnet18(10, (3, 32, 32)), (3, 32, 32), 0.1),
-    "vgg11": (lambda: VGG11(10, (3, 32, 32), False), (3, 32, 32), 0.1),
+    "vgg11": (lambda: VGG11(10, (3, 32, 32), False, "client"), (3, 32, 32), 0.1),
 }
 FORMATS = {"nchw": torch.contiguous_format, "channels_last": torch.channels_last}
 

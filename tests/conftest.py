@@ -64,3 +64,12 @@ def shared_data() -> Path:
     if not (SHARED / "data" / "cifar10-jpeg").is_dir():
         pytest.skip(f"shared data not found at {SHARED}/data (set FEDLNL_SHARED)")
     return SHARED / "data"
+
+
+@pytest.fixture(autouse=True)
+def _no_stop_signal_carries_over(monkeypatch):
+    """A test that signals its own process (SIGUSR2 through StopRequest) marks the process as asked
+    to stop (``stop.received``), which refuses every later cell in it: each test starts unmarked."""
+    from fedlnl.benchmark import stop
+
+    monkeypatch.setattr(stop, "received", None)

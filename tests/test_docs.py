@@ -161,7 +161,10 @@ def test_every_methods_md_citation_resolves(index):
     # guards against a pattern that silently matches nothing (the code had 108 "methods.md" mentions)
     assert n_sections >= 80, f"only {n_sections} methods.md § citations found"
     assert len(cites) - n_sections >= 50, "too few Q/D/R label citations found"
-    assert rows >= 20, f"only {rows} fidelity-table rows found in method docstrings"
+    # the switches are described once, in docs/methods.md §23 and the Params field docs, which cite
+    # their labels (Q6, D13, ...): a docstring table is optional, the labels in fedlnl/methods are not
+    in_methods = sum(1 for w, ref, _ in cites if w.startswith("fedlnl/methods/") and not ref.startswith("§"))
+    assert in_methods >= 80, f"only {in_methods} Q/D/R/L label citations found in fedlnl/methods"
     problems += unresolved(cites, sections, labels)
     assert not problems, "unresolved methods.md citations:\n" + "\n".join(problems)
 

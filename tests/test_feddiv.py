@@ -15,9 +15,9 @@ NOISY = ["noise.rho=0.5", "noise.tau=0.5"]
 
 
 def _filters():
-    return [fd._filter([0.1, 0.9], [0.01, 0.04], [0.7, 0.3]),
-            fd._filter([0.2, 0.8], [0.02, 0.05], [0.6, 0.4]),
-            fd._filter([0.3, 0.7], [0.03, 0.06], [0.5, 0.5])]
+    return [fd.make_filter([0.1, 0.9], [0.01, 0.04], [0.7, 0.3]),
+            fd.make_filter([0.2, 0.8], [0.02, 0.05], [0.6, 0.4]),
+            fd.make_filter([0.3, 0.7], [0.03, 0.06], [0.5, 0.5])]
 
 
 # ------------------------------------------------------------------------ filter aggregation
@@ -36,7 +36,7 @@ def test_aggregation_closed_form_gamma_and_gamma_squared():
 
 def test_gamma_squared_shrinks_variance_by_client_count():
     """K equal clients with equal filters: γ keeps σ², γ² divides it by K (methods.md §17)."""
-    f = fd._filter([0.2, 0.8], [0.01, 0.03], [0.5, 0.5])
+    f = fd.make_filter([0.2, 0.8], [0.01, 0.03], [0.5, 0.5])
     a = fd.aggregate_filters([f] * 10, [50] * 10, "gamma")
     b = fd.aggregate_filters([f] * 10, [50] * 10, "gamma_squared")
     np.testing.assert_allclose(a["variances"], f["variances"])
@@ -80,12 +80,12 @@ def test_server_aggregates_all_cached_or_only_this_round(degraded):
 
 # ------------------------------------------------------------------------ the filter's split
 def test_posterior_closed_form():
-    f = fd._filter([0.0, 2.0], [1.0, 0.25], [0.6, 0.4])
+    f = fd.make_filter([0.0, 2.0], [1.0, 0.25], [0.6, 0.4])
     x = np.array([0.5, 1.5])
     pdf = lambda x, m, v: np.exp(-(x - m) ** 2 / (2 * v)) / np.sqrt(2 * np.pi * v)  # noqa: E731
     a, b = 0.6 * pdf(x, 0.0, 1.0), 0.4 * pdf(x, 2.0, 0.25)
     np.testing.assert_allclose(fd.clean_posterior(x, f), a / (a + b))
-    swapped = fd._filter([2.0, 0.0], [0.25, 1.0], [0.4, 0.6])  # clean = argmin of the means
+    swapped = fd.make_filter([2.0, 0.0], [0.25, 1.0], [0.4, 0.6])  # clean = argmin of the means
     np.testing.assert_allclose(fd.clean_posterior(x, swapped), a / (a + b))
 
 
@@ -93,7 +93,7 @@ def test_global_filter_splits_bimodal_losses():
     rng = np.random.default_rng(0)
     clean, noisy = rng.normal(0.3, 0.1, 400), rng.normal(2.5, 0.4, 100)
     x = np.concatenate([clean, noisy])
-    init = fd._filter([0.5, 0.6], [1.0, 1.0], [0.5, 0.5])
+    init = fd.make_filter([0.5, 0.6], [1.0, 1.0], [0.5, 0.5])
     f = fd.sort_components(fd.fit_filter(x, init, 100, 1e-3, 1e-6, seed=0))
     np.testing.assert_allclose(f["means"], [0.3, 2.5], atol=0.1)
     np.testing.assert_allclose(f["weights"], [0.8, 0.2], atol=0.02)
@@ -130,10 +130,10 @@ def test_fit_filter_runs_exactly_the_given_em_steps():
     """em_max_iter=3, em_tol=0 (reference) = three hand-written EM steps from the warm start."""
     rng = np.random.default_rng(1)
     x = np.concatenate([rng.normal(0.2, 0.05, 60), rng.normal(0.7, 0.1, 40)])
-    init = fd._filter([0.4, 0.5], [0.05, 0.06], [0.5, 0.5])
+    init = fd.make_filter([0.4, 0.5], [0.05, 0.06], [0.5, 0.5])
     m, v, w = init["means"].copy(), init["variances"].copy(), init["weights"].copy()
     for _ in range(3):
-        resp = fd.gmm_posterior(x, fd._filter(m, v, w))
+        resp = fd.gmm_posterior(x, fd.make_filter(m, v, w))
         nk = resp.sum(0) + 10 * np.finfo(float).eps
         m = resp.T @ x / nk
         v = (resp * (x[:, None] - m) ** 2).sum(0) / nk + 1e-6
@@ -294,7 +294,7 @@ def _client_case(fidelity, **over):
     state = meth.init(model, FederationInfo(1, 3, (10,), (1, 1, 1), 0), ctx)
     # a filter on min-max normalised losses (both fidelities normalise; D5): CE of the logits
     # (paper) puts 0-5 at 0, 6-7 at 1, 8-9 at 0.75; CE of the softmax (reference) 0-5 at 0, 6-9 at ~1
-    state["filter"] = fd._filter([0.0, 0.9], [0.01, 0.02], [0.6, 0.4])
+    state["filter"] = fd.make_filter([0.0, 0.9], [0.01, 0.02], [0.6, 0.4])
     selected = []
 
     def fake_train(model, view, labels, select, gen):

@@ -102,7 +102,7 @@ def test_rotation_by_ninety_degrees_moves_a_pixel_counter_clockwise(monkeypatch)
 
 def test_hue_conversion_round_trips():
     x = torch.rand(5, 3, 4, 4)
-    assert torch.allclose(views._hsv_to_rgb(*views._rgb_to_hsv(x)), x, atol=1e-5)
+    assert torch.allclose(views.hsv_to_rgb(*views.rgb_to_hsv(x)), x, atol=1e-5)
 
 
 # ----------------------------------------------------------------------------------- FedRN

@@ -35,8 +35,8 @@ def test_switch_values_follow_fidelity(groups, key, paper, reference):
 
 def test_vgg11_reference_head_has_1000_logits():
     x = torch.zeros(2, 3, 32, 32)
-    assert VGG11(10, (3, 32, 32), reference_head=True)(x).shape == (2, 1000)
-    assert VGG11(10, (3, 32, 32), reference_head=False)(x).shape == (2, 10)
+    assert VGG11(10, (3, 32, 32), reference_head=True, dropout_rng="client")(x).shape == (2, 1000)
+    assert VGG11(10, (3, 32, 32), reference_head=False, dropout_rng="client")(x).shape == (2, 10)
 
 
 def test_rofl_centroid_loss_scale():

@@ -154,9 +154,9 @@ def test_grouped_figure_has_a_row_of_panels_per_group(tmp_path: Path):
 
 def test_cd_diagram_colours_labels_by_family(tmp_path: Path):
     groups = {"a": FL, "b": FL, "c": ROBUST}
-    colours = plots._group_colours(["a", "b", "c"], groups)
+    colours = plots.group_colours(["a", "b", "c"], groups)
     assert colours["a"] == colours["b"] != colours["c"]
-    assert plots._group_colours(["a", "b"], {"a": FL, "b": FL}) == {}  # one family: no colours
+    assert plots.group_colours(["a", "b"], {"a": FL, "b": FL}) == {}  # one family: no colours
     ranks = {f"m{i}": 1.0 + i * 30 / 31 for i in range(31)}
     families = {m: FAMILIES[i % 5] for i, m in enumerate(ranks)}
     path = plots.plot_cd_diagram(ranks, 5.0, tmp_path / "cd.png", "t", families)

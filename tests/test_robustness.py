@@ -510,20 +510,20 @@ def test_a_refusal_removes_only_what_this_process_made(tmp_path, monkeypatch):
     made.mkdir(parents=True)
     run_dir = made / "results" / "run"
     monkeypatch.setattr(runmod, "_BEFORE", {})
-    runmod._snapshot(run_dir)
+    runmod.snapshot(run_dir)
     (run_dir / ".hydra").mkdir(parents=True)  # what Hydra writes before the task runs
     (run_dir / "run.log").write_text("")
-    runmod._remove_made_dirs(run_dir)
+    runmod.remove_made_dirs(run_dir)
     assert made.is_dir() and not (made / "results").exists()
 
     own = tmp_path / "own"  # a run directory the user made, holding a note
     own.mkdir()
     (own / "notes.txt").write_text("keep")
     runmod._BEFORE.clear()
-    runmod._snapshot(own)
+    runmod.snapshot(own)
     (own / ".hydra").mkdir()
     (own / "run.log").write_text("")
-    runmod._remove_made_dirs(own)
+    runmod.remove_made_dirs(own)
     assert sorted(p.name for p in own.iterdir()) == ["notes.txt"]
 
 

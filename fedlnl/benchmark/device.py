@@ -1,8 +1,20 @@
-"""Where a run computes: the ``device`` and ``threads`` keys, and the seed the model is initialised
-from. The one home of a run's placement: the runner, the preflight checks and the sweeper ask here.
+"""Where a run computes: the ``device``, ``determinism`` and ``threads`` keys, the run's identity,
+and the seed the model is initialised from. The one home of a run's placement and device policy:
+the runner, the preflight checks and the sweeper ask here.
 
 - ``device``: ``auto`` takes the GPU when there is one (parallel sweep jobs on a multi-GPU node one
-  GPU each, round-robin by Hydra's job number), else the CPU; ``cpu``, ``cuda``, ``cuda:N`` as given.
+  GPU each, round-robin by Hydra's job number), else the CPU; ``cpu``, ``cuda``, ``cuda:N`` (made the
+  current CUDA device; N below the visible device count) and ``mps`` (Apple GPUs, where torch has it).
+- ``determinism`` (``apply_determinism``): ``strict`` (default) makes an accelerator run
+  reproducible: on CUDA cuDNN deterministic with benchmarking off, TF32 off for matmuls and
+  convolutions, ``torch.use_deterministic_algorithms(True)`` and cuBLAS's fixed workspace
+  (``CUBLAS_WORKSPACE_CONFIG``, set before CUDA initialises); on MPS deterministic algorithms.
+  ``fast`` allows cuDNN benchmarking and TF32: numbers may differ run to run. A CPU run is
+  deterministic either way and keeps torch's defaults (its numbers do not depend on the mode).
+- ``identity``: what a run's numbers depend on beyond its config (device kind, GPU model,
+  determinism mode, torch version), recorded in summary.json and the checkpoint; a resume and
+  ``skip_complete`` refuse a cell recorded with another device kind or determinism mode
+  (``check_identity``), and the report never pools device kinds.
 - ``threads``: torch's CPU threads (0 = torch's default). Above the cores this process may use it is
   refused on this machine (``check_threads``) and clamped in a task on another machine
   (``usable_threads``). It is part of the config hash (``fedlnl/conf/keys.py``).
@@ -23,15 +35,89 @@ from fedlnl.benchmark.validate import ConfigError
 log = logging.getLogger("fedlnl")
 
 
+#: the values of ``determinism``
+DETERMINISM = ("strict", "fast")
+#: cuBLAS's reproducible workspace (the CUDA docs' "results reproducibility"); read when a cuBLAS
+#: handle gets its workspace, so it is set before CUDA initialises
+CUBLAS_WORKSPACE = ":4096:8"
+#: the identity fields a resume and ``skip_complete`` compare
+COMPARED = ("device_kind", "determinism")
+
+
 def place(cfg) -> torch.device:
-    """Apply the run's ``threads`` to torch and return its device (``device``)."""
+    """Apply the run's ``threads`` and ``determinism`` to torch and return its device (``device``)."""
     threads = int(cfg.get("threads") or 0)
     if threads > 0:
         torch.set_num_threads(usable_threads(threads))
-    return resolve_device(str(cfg.device))
+    mode = str(cfg.get("determinism", "strict"))
+    if mode == "strict":  # before resolve_device: set_device initialises CUDA
+        set_cublas_workspace()
+    dev = resolve_device(str(cfg.device))
+    apply_determinism(dev, mode)
+    return dev
+
+
+def run_identity(cfg) -> dict:
+    """The identity a run of ``cfg`` would have on this machine (its device resolved, nothing applied)."""
+    mode = str(cfg.get("determinism", "strict"))
+    if mode == "strict":
+        set_cublas_workspace()
+    return identity(resolve_device(str(cfg.device)), mode)
+
+
+def set_cublas_workspace() -> None:
+    """``CUBLAS_WORKSPACE_CONFIG`` for reproducible cuBLAS, unless the user set it; warns when CUDA
+    is already initialised in this process (handles made before keep their workspace)."""
+    if os.environ.get("CUBLAS_WORKSPACE_CONFIG") in (CUBLAS_WORKSPACE, ":16:8"):
+        return
+    if torch.cuda.is_initialized():
+        log.warning("CUBLAS_WORKSPACE_CONFIG set after CUDA initialised in this process: set it to %s "
+                    "before starting for reproducible cuBLAS", CUBLAS_WORKSPACE)
+    os.environ["CUBLAS_WORKSPACE_CONFIG"] = CUBLAS_WORKSPACE
+
+
+def apply_determinism(dev: torch.device, mode: str) -> None:
+    """Set torch's global algorithm flags for ``mode`` on ``dev`` (every flag, each time: cells of a
+    sweep run in one process may differ). CPU runs keep torch's defaults: they are deterministic
+    already, and deterministic algorithms could change CPU kernels (their numbers must not move)."""
+    if mode not in DETERMINISM:
+        raise ConfigError(f"determinism={mode!r} is invalid: allowed {', '.join(DETERMINISM)}")
+    strict = mode == "strict" and dev.type != "cpu"
+    torch.use_deterministic_algorithms(strict)
+    torch.backends.cudnn.deterministic = strict
+    torch.backends.cudnn.benchmark = mode == "fast" and dev.type == "cuda"
+    tf32 = mode == "fast" and dev.type == "cuda"
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+    torch.backends.cudnn.allow_tf32 = tf32 if dev.type == "cuda" else True  # torch's default off CUDA
+
+
+def identity(dev: torch.device, mode: str) -> dict:
+    """The run's identity beyond its config: device kind (cpu / cuda / mps), GPU model (None on the
+    CPU), determinism mode, torch version."""
+    gpu = None
+    if dev.type == "cuda":
+        gpu = torch.cuda.get_device_name(dev)
+    elif dev.type == "mps":
+        gpu = "Apple MPS"
+    return {"device_kind": dev.type, "gpu": gpu, "determinism": mode, "torch": torch.__version__}
+
+
+def identity_mismatch(recorded: dict | None, current: dict) -> str | None:
+    """``device kind cpu -> cuda`` for the compared fields that differ, None when they agree (a
+    record without them, written before they were recorded, is not compared)."""
+    if not isinstance(recorded, dict):
+        return None
+    diff = [f"{k.replace('_', ' ')} {recorded[k]} -> {current[k]}" for k in COMPARED
+            if recorded.get(k) is not None and recorded[k] != current[k]]
+    return ", ".join(diff) or None
 
 
 def resolve_device(name: str) -> torch.device:
+    if name == "mps":
+        mps = getattr(torch.backends, "mps", None)
+        if mps is None or not mps.is_available():
+            raise ConfigError("device='mps' is invalid: no MPS (Apple GPU) device is available (use auto or cpu)")
+        return torch.device("mps")
     if name == "auto":
         if not torch.cuda.is_available():
             return torch.device("cpu")
@@ -45,7 +131,14 @@ def resolve_device(name: str) -> torch.device:
         return torch.device("cuda")  # one visible GPU (e.g. a SLURM task's), or a single run
     if name.startswith("cuda") and not torch.cuda.is_available():
         raise ConfigError(f"device={name!r} is invalid: no CUDA device is available (use auto or cpu)")
-    return torch.device(name)
+    device = torch.device(name)
+    if device.type == "cuda" and device.index is not None:
+        count = torch.cuda.device_count()
+        if device.index >= count:
+            raise ConfigError(f"device={name!r} is invalid: {count} CUDA device(s) visible, allowed cuda:0 to "
+                              f"cuda:{count - 1} (or cuda, auto)")
+        torch.cuda.set_device(device)  # plain "cuda" tensors (and cuBLAS handles) go there too
+    return device
 
 
 def multirun_job_num() -> int | None:

@@ -92,8 +92,7 @@ class OracleScorer:
         clean = self.oracle.clean_labels.cpu().long()
         def confusion(labels):
             cells = (clean * num_classes + labels.cpu().long())[known]
-            m = torch.zeros(num_classes * num_classes, dtype=torch.long)
-            m.index_add_(0, cells, torch.ones_like(cells))
+            m = torch.bincount(cells, minlength=num_classes * num_classes)  # integer counts: exact anywhere
             return m.view(num_classes, num_classes).tolist()
         # class counts of the clean labels (the given label where the clean one is unknown)
         shown = torch.where(known, clean, self.initial_labels.cpu().long()).numpy()

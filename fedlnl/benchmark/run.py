@@ -19,7 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 from fedlnl.conf import resolvers  # noqa: F401  (registers ${fidelity:...})
 from fedlnl.benchmark import compose, device, preflight
 from fedlnl.benchmark.lock import CellLock
-from fedlnl.benchmark.rundir import check_run_dir, config_hash
+from fedlnl.benchmark.rundir import check_identity, check_run_dir, config_hash
 from fedlnl.benchmark.runner import run
 from fedlnl.benchmark.validate import ConfigError
 
@@ -30,14 +30,15 @@ log = logging.getLogger("fedlnl")
 _BEFORE: dict = {}
 
 
-def _snapshot(run_dir: Path) -> None:
+def snapshot(run_dir: Path) -> None:
+    """Record what exists at ``run_dir`` before Hydra adds to it (``remove_made_dirs`` undoes the rest)."""
     run_dir = run_dir.absolute()
     anchor = next(p for p in [run_dir, *run_dir.parents] if p.exists())
     _BEFORE.update(run_dir=run_dir, anchor=anchor,
                    entries=set(os.listdir(run_dir)) if run_dir.is_dir() else None)
 
 
-def _remove_made_dirs(run_dir: Path) -> None:
+def remove_made_dirs(run_dir: Path) -> None:
     """Hydra creates the job directory (``.hydra/``, ``run.log``) before the task runs; after a
     refusal remove what Hydra added for this process, and the directories it created, nothing else."""
     run_dir = run_dir.absolute()
@@ -83,7 +84,7 @@ def _hydra_main(cfg: DictConfig) -> float | None:
     try:
         summary = run(cfg, out, method_label(hc), group=f"{cfg.name}/{group}", typed=list(hc.overrides.task))
     except ConfigError as err:
-        _remove_made_dirs(out)
+        remove_made_dirs(out)
         print(f"fedlnl-run: error: {err}", file=sys.stderr)
         sys.exit(2)
     except OSError as err:  # the machine, not the config: disk full, a file system gone read-only
@@ -144,6 +145,8 @@ def precheck(argv: list[str]) -> int | None:
             check_writable(run_dir, "hydra.run.dir")
         if "${now:" not in template:  # a directory the user chose: it may hold another run
             check_run_dir(run_dir, config_hash(resolved), resolved)
+            if not job.get("dry_run"):
+                check_identity(run_dir, config_hash(resolved), device.run_identity(job))
         dry = bool(job.get("dry_run"))
         try:
             cell = preflight.build_cell(job, method, str(cfg.hydra.runtime.choices.get("model", "model")))
@@ -167,7 +170,7 @@ def precheck(argv: list[str]) -> int | None:
         print("dry_run=true: nothing was trained or written")
         return 0
     if run_dir is not None:
-        _snapshot(run_dir)
+        snapshot(run_dir)
     return None
 
 

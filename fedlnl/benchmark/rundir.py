@@ -64,6 +64,43 @@ def check_run_dir(run_dir: Path, cfg_hash: str, resolved: dict, key: str = "hydr
                           f"another directory")
 
 
+def recorded_identity(run_dir: Path, cfg_hash: str) -> tuple[str, dict] | None:
+    """(what recorded it, the identity) of this config's run in ``run_dir``: a kept summary's, else
+    a checkpoint's (a killed run leaves no summary); None when neither records one. A summary
+    written before identities were recorded names its device (``device``), not its mode."""
+    summary = read_summary(run_dir)
+    if summary is not None and summary.get("config_hash") == cfg_hash and summary.get("status") in KEPT:
+        ident = summary.get("identity")
+        if not isinstance(ident, dict) and isinstance(summary.get("device"), str):
+            ident = {"device_kind": summary["device"].split(":")[0]}
+        if isinstance(ident, dict):
+            return f"a {summary['status']} run", ident
+    ck = Path(run_dir) / "checkpoint.pt"
+    if ck.is_file():
+        import torch
+
+        try:  # mmap: only the small header is read, not the tensors
+            saved = torch.load(ck, map_location="cpu", weights_only=False, mmap=True)
+        except Exception:  # noqa: BLE001  (an unreadable checkpoint is moved aside when the run loads it)
+            return None
+        if isinstance(saved, dict) and saved.get("config_hash") == cfg_hash and isinstance(saved.get("identity"), dict):
+            return "a checkpoint", saved["identity"]
+    return None
+
+
+def check_identity(run_dir: Path, cfg_hash: str, current: dict) -> None:
+    """Raise ConfigError when ``run_dir`` holds this config's run (kept summary or checkpoint) made on
+    another device kind or determinism mode: its numbers would mix two computations."""
+    from fedlnl.benchmark.device import identity_mismatch
+
+    found = recorded_identity(run_dir, cfg_hash)
+    diff = identity_mismatch(found[1], current) if found else None
+    if diff:
+        raise ConfigError(f"{run_dir} holds {found[0]} of this config made elsewhere (recorded -> now: {diff}): a cell is "
+                          f"never continued on another device kind or determinism mode; start a separate cell "
+                          f"(another name=, hydra.sweep.dir= or hydra.run.dir=) or use the recorded device/determinism")
+
+
 def config_diff(old: dict, new: dict, limit: int = 3) -> str:
     """``fl.lr: 0.01 -> 0.05, seed: 0 -> 1`` for the result keys that differ (at most ``limit``)."""
     a, b = _flat({k: v for k, v in old.items() if k not in NON_RESULT_KEYS}), \

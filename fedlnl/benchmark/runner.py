@@ -30,13 +30,14 @@ from fedlnl.benchmark import compose, device, preflight
 from fedlnl.benchmark.lock import CellLock, LockError
 from fedlnl.benchmark.metrics import accuracy_summary, cost_to_target
 from fedlnl.benchmark.oracle import OracleScorer
-from fedlnl.benchmark.rundir import check_run_dir, completed, config_hash
+from fedlnl.benchmark.rundir import check_identity, check_run_dir, completed, config_hash
 from fedlnl.benchmark.setting import setting_of
 from fedlnl.benchmark.sinks import JsonlSink, Sinks, WandbSink, write_json_atomic
 from fedlnl.benchmark.stop import StopRequest, refuse_after_signal
 from fedlnl.benchmark.validate import ConfigError
 from fedlnl.datasets.federation import federation_stats
-from fedlnl.methods.common import engine
+from fedlnl.methods.common import engine, placement
+from fedlnl.models.layers import random_source
 from fedlnl.methods.common.protocol import ALL_CLIENTS, ClientView, RoundContext
 
 log = logging.getLogger("fedlnl")
@@ -71,10 +72,14 @@ class Runner:
     def prepare(self) -> None:
         cfg = self.cfg
         self.device = device.place(cfg)
+        self.identity = device.identity(self.device, str(cfg.get("determinism", "strict")))
         cell = preflight.build_cell(cfg, self.method, model_name(cfg), self.device)  # raises ConfigError
         self.fed, self.info, self.model, self.total = cell.fed, cell.info, cell.model, cell.total
         src = self.fed.source
-        self.train = engine.TensorData.build(src.x_train, src.mean, src.std, src.augment, self.device)
+        full_clothing1m = cfg.dataset.name == "clothing1m" and cfg.dataset.get("max_train") is None
+        where = placement.choose(str(cfg.get("data_placement", "auto")), src.x_train.numel() * src.x_train.element_size(),
+                                 self.device, full_clothing1m)
+        self.train = engine.TensorData.build(src.x_train, src.mean, src.std, src.augment, self.device, where)
         self.test = engine.TensorData.build(src.x_test, src.mean, src.std, None, self.device)
         self.test_labels = src.y_test.to(self.device)
         self.labels = self.fed.labels.clone().to(self.device)  # observed labels; relabels land here
@@ -85,6 +90,8 @@ class Runner:
         self.effective = compose.effective(self.method, self.resolved["method"], int(cfg.fl.rounds), self.info)
         log.info("effective: %s", json.dumps(self.effective, sort_keys=True))
         log.info("device %s, %d torch threads", self.device, torch.get_num_threads())
+        log.info("GPU: %s, determinism %s, training images on the %s", self.identity["gpu"] or "none",
+                 self.identity["determinism"], where)
 
     def view(self, k: int) -> ClientView:
         idx = torch.arange(self.labels.numel(), device=self.device) if k == ALL_CLIENTS else self.client_idx[k]
@@ -108,7 +115,7 @@ class Runner:
         no temporary file, and raises OSError naming the file and the free space."""
         tmp = self.run_dir / ".checkpoint.pt.tmp"
         try:
-            torch.save({"config_hash": self.hash, "round": rnd, "state": state, "labels": self.labels,
+            torch.save({"config_hash": self.hash, "identity": self.identity, "round": rnd, "state": state, "labels": self.labels,
                         "scorer": (self.scorer.num_relabels, self.scorer.num_correct_relabels, self.scorer.latest,
                                    self.scorer.mu_hat, self.scorer.flagged), "records": self.records,
                         "rows": self.rows, "comm": self.comm, "bytes": self.bytes_up, "steps": self.steps,
@@ -159,7 +166,8 @@ class Runner:
         if resumed:
             state, start = resumed
         else:
-            state = self.method.init(self.model, self.info, self.context(0))
+            with random_source(self.context(0).generator("dropout", "server")):
+                state = self.method.init(self.model, self.info, self.context(0))
         sinks = self.open_sinks()
         status = "complete"
         every = int(self.cfg.fl.eval_every)
@@ -172,11 +180,15 @@ class Runner:
             for rnd in bar:
                 ctx = self.context(rnd)
                 ids = self.method.sample_clients(state, ctx)
-                updates = [self.method.client_update(state, self.view(k), ctx) for k in ids]
+                updates = []
+                for k in ids:  # dropout masks from each client's own stream (models/layers.py)
+                    with random_source(ctx.generator("dropout", k)):
+                        updates.append(self.method.client_update(state, self.view(k), ctx))
                 self.comm += sum(1 for k in ids if k != ALL_CLIENTS)
                 self.bytes_up += sum(engine.payload_bytes(u.weights) + engine.payload_bytes(u.payload)
                                      for u in updates)
-                state, agg = self.method.aggregate(state, updates, ctx)
+                with random_source(ctx.generator("dropout", "server")):
+                    state, agg = self.method.aggregate(state, updates, ctx)
                 losses = [u.train_loss for u in updates]
                 diverged = any(not math.isfinite(x) for x in losses)
                 if diverged or (rnd + 1) % every == 0 or rnd + 1 == self.total:
@@ -273,7 +285,7 @@ class Runner:
             "federation_hash": self.fed.hash, "federation": federation_stats(self.fed),
             "detection": dict(self.scorer.latest), "git_commit": git_commit(),
             "setting": setting_of(self.resolved), "config": self.resolved, "config_hash": self.hash,
-            "device": str(self.device),
+            "device": str(self.device), "identity": self.identity,
         }
         sinks.summary(summary)
         sinks.close(status)
@@ -301,6 +313,8 @@ def run(cfg: DictConfig, run_dir: Path, method_name: str, group: str = "single",
     method = preflight.check_cell(cfg, compose.typed_keys(typed))
     runner = Runner(cfg, run_dir, method_name, group, method)
     check_run_dir(run_dir, runner.hash, runner.resolved)  # another config's run, a .lock that is no file
+    # this config's run recorded on another device kind or determinism mode: never continued or skipped
+    check_identity(run_dir, runner.hash, device.run_identity(cfg))
     if cfg.get("skip_complete", True):
         done = completed(run_dir, runner.hash)
         if done:

@@ -33,7 +33,7 @@ from omegaconf import OmegaConf, open_dict
 
 from fedlnl.benchmark import compose, device, plan, preflight
 from fedlnl.benchmark.lock import CellLock
-from fedlnl.benchmark.rundir import check_run_dir, check_writable, completed, config_hash
+from fedlnl.benchmark.rundir import check_identity, check_run_dir, check_writable, completed, config_hash
 from fedlnl.benchmark.validate import ConfigError
 
 
@@ -157,6 +157,8 @@ class ValidatingSweeper(BasicSweeper):  # registered as hydra_plugins.fedlnl_swe
         remote = "slurm" in str(self.config.hydra.launcher.get("_target_", "")).lower()
         if not remote:  # a SLURM task runs on another machine: it clamps threads to its allocation
             device.check_threads(job)
+            # and may have another device: its task compares the identity (runner.run)
+            check_identity(cell.run_dir, cell.hash, device.run_identity(job))
         cell.done = completed(cell.run_dir, cell.hash) if job.get("skip_complete", True) else None
         model_label = str(cfg.hydra.runtime.choices.get("model", "model"))
         try:

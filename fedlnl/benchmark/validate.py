@@ -1,22 +1,19 @@
 """Checks on a composed config, run before any data is loaded or any file is written.
 
 Every key a user can set outside a method's own hyperparameters (which the method's constructor
-checks) is checked here: its type, range or allowed names, with one line naming the key, the value
-and what is allowed. Booleans are never numbers, ``null`` is refused where a number is required.
+checks) is checked here: its type, range or allowed names, in the vocabulary of ``fedlnl.conf.checks``
+(one line naming the key, the value and what is allowed).
 """
 from __future__ import annotations
 
-import math
 import os
 from pathlib import Path
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
+from fedlnl.conf import checks
+from fedlnl.conf.checks import ConfigError, is_number  # noqa: F401 (ConfigError: imported from here by the benchmark)
 from fedlnl.methods.common.protocol import OPTIMIZERS
-
-
-class ConfigError(ValueError):
-    """A config value outside its allowed range; the message is one line for the user."""
 
 
 _MISSING = object()
@@ -33,46 +30,28 @@ def _get(cfg, key: str):
     return value
 
 
-def _fail(key: str, value, allowed: str) -> None:
-    raise ConfigError(f"{key}={value!r} is invalid: allowed {allowed}")
-
-
-def is_number(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
-
-def is_int(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
 def _num(cfg, key, ok, allowed: str, optional: bool = False) -> None:
     value = _get(cfg, key)
-    if value is _MISSING or (optional and value is None):
-        return
-    if not is_number(value) or not ok(value):
-        _fail(key, value, allowed)
+    if value is not _MISSING:
+        checks.number(key, value, ok, allowed, optional)
 
 
-def _int(cfg, key, low: int, optional: bool = False) -> None:
+def _int(cfg, key, low: int) -> None:
     value = _get(cfg, key)
-    if value is _MISSING or (optional and value is None):
-        return
-    if not is_int(value) or value < low:
-        _fail(key, value, f"an integer >= {low}")
+    if value is not _MISSING:
+        checks.integer(key, value, low)
 
 
 def _flag(cfg, key) -> None:
     value = _get(cfg, key)
-    if value is not _MISSING and not isinstance(value, bool):
-        _fail(key, value, "true or false")
+    if value is not _MISSING:
+        checks.flag(key, value)
 
 
-def _choice(cfg, key, options, default=_MISSING) -> None:
+def _choice(cfg, key, options) -> None:
     value = _get(cfg, key)
-    if value is _MISSING:
-        value = default
-    if value is not _MISSING and value not in options:
-        _fail(key, value, ", ".join(map(str, options)))
+    if value is not _MISSING:
+        checks.choice(key, value, options)
 
 
 def _pair(cfg, key: str, names: tuple[str, str]) -> None:
@@ -87,7 +66,7 @@ def _pair(cfg, key: str, names: tuple[str, str]) -> None:
         return
     pair = node[name]
     if not isinstance(pair, (list, ListConfig)) or len(pair) != 2 or not all(is_number(v) for v in pair):
-        _fail(key, OmegaConf.to_container(pair) if isinstance(pair, ListConfig) else pair,
+        checks.fail(key, OmegaConf.to_container(pair) if isinstance(pair, ListConfig) else pair,
               f"a pair [{names[0]}, {names[1]}] of numbers or null")
     for i, sub in enumerate(names):
         value = node.get(sub)
@@ -100,8 +79,8 @@ def check_fl(values, prefix: str) -> None:
     """The shared local-training values (``fl`` or a method's pins of them). The optimiser key the
     chosen optimiser does not read (``momentum`` of adam, ``betas`` of sgd) may be null."""
     optimizer = values.get("optimizer", _MISSING)
-    if optimizer is not _MISSING and optimizer not in OPTIMIZERS:
-        _fail(f"{prefix}optimizer", optimizer, ", ".join(OPTIMIZERS))
+    if optimizer is not _MISSING:
+        checks.choice(f"{prefix}optimizer", optimizer, OPTIMIZERS)
     for key, ok, allowed in (
         ("frac", lambda v: 0.0 < v <= 1.0, "a fraction in (0, 1]"),
         ("lr", lambda v: v > 0, "a learning rate > 0"),
@@ -109,18 +88,16 @@ def check_fl(values, prefix: str) -> None:
         ("weight_decay", lambda v: v >= 0, "a weight decay >= 0"),
     ):
         value = values.get(key, _MISSING)
-        if value is None and key == "momentum" and optimizer != "sgd":
-            continue
-        if value is not _MISSING and (not is_number(value) or not ok(value)):
-            _fail(f"{prefix}{key}", value, allowed)
+        if value is not _MISSING:
+            checks.number(f"{prefix}{key}", value, ok, allowed, optional=key == "momentum" and optimizer != "sgd")
     _betas(values.get("betas", _MISSING), f"{prefix}betas", optional=optimizer != "adam")
     for key in ("local_epochs", "batch_size", "eval_batch_size"):
         value = values.get(key, _MISSING)
-        if value is not _MISSING and (not is_int(value) or value < 1):
-            _fail(f"{prefix}{key}", value, "an integer >= 1")
+        if value is not _MISSING:
+            checks.integer(f"{prefix}{key}", value, 1)
     value = values.get("augment", _MISSING)
-    if value is not _MISSING and not isinstance(value, bool):
-        _fail(f"{prefix}augment", value, "true or false")
+    if value is not _MISSING:
+        checks.flag(f"{prefix}augment", value)
 
 
 def _betas(value, key: str, optional: bool) -> None:
@@ -130,7 +107,7 @@ def _betas(value, key: str, optional: bool) -> None:
     items = list(value) if isinstance(value, (list, tuple, ListConfig)) else None
     if items is None or len(items) != 2 or not all(is_number(v) and 0.0 <= v < 1.0 for v in items):
         shown = OmegaConf.to_container(value) if isinstance(value, ListConfig) else value
-        _fail(key, list(shown) if isinstance(shown, tuple) else shown, "a pair [β1, β2] of numbers in [0, 1)")
+        checks.fail(key, list(shown) if isinstance(shown, tuple) else shown, "a pair [β1, β2] of numbers in [0, 1)")
 
 
 def _targets(cfg) -> None:
@@ -140,7 +117,7 @@ def _targets(cfg) -> None:
     items = list(value) if isinstance(value, (list, ListConfig)) else None
     if items is None or not items or not all(is_number(v) and 0 < v <= 1 for v in items):
         shown = OmegaConf.to_container(value) if isinstance(value, ListConfig) else value
-        _fail("targets", shown, "a non-empty list of accuracies in (0, 1], e.g. [0.5,0.65,0.8]")
+        checks.fail("targets", shown, "a non-empty list of accuracies in (0, 1], e.g. [0.5,0.65,0.8]")
 
 
 def _wandb_login_known() -> bool:
@@ -162,19 +139,20 @@ def validate(cfg: DictConfig, num_train: int | None = None) -> None:
     _flag(cfg, "skip_complete")
     _targets(cfg)
     for key, value in (("fidelity", cfg.get("fidelity")), ("noise.fidelity", cfg.noise.get("fidelity", "paper"))):
-        if value not in ("paper", "reference"):
-            _fail(key, value, "paper, reference")
+        checks.choice(key, value, ("paper", "reference"))
     device = cfg.get("device", "auto")
-    if not isinstance(device, str) or not (device in ("auto", "cpu") or device == "cuda"
+    if not isinstance(device, str) or not (device in ("auto", "cpu", "cuda", "mps")
                                            or (device.startswith("cuda:") and device[5:].isdigit())):
-        _fail("device", device, "auto, cpu, cuda, cuda:N")
+        checks.fail("device", device, "auto, cpu, cuda, cuda:N, mps")
+    _choice(cfg, "determinism", ("strict", "fast"))
+    _choice(cfg, "data_placement", ("auto", "device", "host"))
     for key in ("name", "variant", "preset", "table_key"):
         value = _get(cfg, key)
         if value is not _MISSING and value is not None and not isinstance(value, str):
-            _fail(key, value, "a name (text)")
+            checks.fail(key, value, "a name (text)")
     name = _get(cfg, "name")
     if isinstance(name, str) and (not name or "/" in name or name in (".", "..") or len(name) > NAME_MAX):
-        _fail("name", name if len(name) <= 40 else name[:37] + "...",
+        checks.fail("name", name if len(name) <= 40 else name[:37] + "...",
               f"a sweep name without '/' of at most {NAME_MAX} characters (got {len(name)})")
 
     # logger
@@ -188,10 +166,11 @@ def validate(cfg: DictConfig, num_train: int | None = None) -> None:
     # noise and partition
     _pair(cfg, "noise.rho_tau", ("rho", "tau"))
     _pair(cfg, "partition.p_alpha", ("p", "alpha"))
-    unit = lambda v: 0.0 <= v <= 1.0  # noqa: E731
     optional = cfg.noise.get("kind") in ("cifarn", "mixed")  # real noise / the groups set the levels
-    _num(cfg, "noise.rho", unit, "a share in [0, 1]", optional=optional)
-    _num(cfg, "noise.tau", unit, "a noise level in [0, 1]", optional=optional)
+    for key, allowed in (("noise.rho", "a share in [0, 1]"), ("noise.tau", "a noise level in [0, 1]")):
+        value = _get(cfg, key)
+        if value is not _MISSING:
+            checks.unit(key, value, allowed, optional=optional)
     if cfg.partition.get("kind") == "noniid":
         _num(cfg, "partition.p", lambda v: 0.0 < v <= 1.0, "a probability in (0, 1]")
         _num(cfg, "partition.alpha", lambda v: v > 0, "a Dirichlet concentration > 0")

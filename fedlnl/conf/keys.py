@@ -7,8 +7,17 @@ from __future__ import annotations
 #: these and the seed are pooled as seeds of one configuration by the report. ``threads`` is not one
 #: of them: the CPU thread count can change float reductions, so neither a resume nor a report cell
 #: mixes two thread counts.
+#:
+#: ``device`` and ``determinism`` are here although a GPU's numbers differ from the CPU's: the config
+#: value cannot say what ran (``device=auto`` is a GPU on one machine and the CPU on another, and the
+#: mode changes nothing on a CPU), so the hash would both split identical CPU runs and miss real
+#: differences. What ran is the run's identity instead (``benchmark/device.py``: device kind, GPU
+#: model, determinism mode, torch version), recorded in summary.json and the checkpoint: a resume and
+#: ``skip_complete`` refuse a cell recorded with another device kind or mode, and the report keeps
+#: device kinds in separate rows. ``data_placement`` moves the same bytes by another route (host and
+#: device placement give byte-identical metrics).
 NON_RESULT_KEYS = ("logger", "name", "preset", "checkpoint_every", "checkpoint_minutes", "skip_complete",
-                   "dry_run", "device", "hydra")
+                   "dry_run", "device", "determinism", "data_placement", "hydra")
 
 #: command-line overrides left out of a sweep cell's directory name (``${cell_dir_excluded:}``): the
 #: result-neutral keys and the logger's mode; the preset selectors (the sweep directory is named after

@@ -1,7 +1,7 @@
 """Checks of the dataset, partition and noise options before any data is loaded.
 
-``check_options`` raises a one-line ``ValueError`` ``"KEY=VALUE is invalid: allowed ..."`` for the
-first bad option: unknown keys, kinds, shares, concentrations, integer counts, map entries, mixed
+``check_options`` raises the one-line ``ConfigError`` (a ValueError) of ``fedlnl.conf.checks``,
+``"KEY=VALUE is invalid: allowed ..."``, for the first bad option: unknown keys, kinds, shares, concentrations, integer counts, map entries, mixed
 groups, image sizes and the loaders' own keys (read from the loader's signature). A partition or
 noise kind's keys and checks are those it registered (``kinds``), with the helpers below. Data-dependent
 conditions (enough samples per client, class names of a map, files) are checked when the federation
@@ -10,16 +10,14 @@ is built.
 from __future__ import annotations
 
 import inspect
-import math
 from typing import Any, Mapping
 
 from omegaconf import DictConfig, OmegaConf
 
+from fedlnl.conf import checks
+from fedlnl.conf.checks import fail, integer, number  # noqa: F401 (the kinds' checks import them from here)
+
 from . import kinds
-
-
-class _Invalid(ValueError):
-    pass
 
 
 def check_options(dataset_cfg: Mapping[str, Any], partition_cfg: Mapping[str, Any],
@@ -92,12 +90,8 @@ def _loader_params(target: str) -> tuple[str, ...] | None:
     return tuple(p.name for p in params if p.kind in kinds)
 
 
-def _int(v, lowest: int) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool) and v >= lowest
-
-
-def _num(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+_int = checks.is_int
+_num = checks.is_number
 
 
 def _size(v) -> bool:
@@ -157,24 +151,8 @@ _DATASET_RULES = {
 # helpers
 
 
-def fail(key: str, value, allowed: str):
-    raise _Invalid(f"{key}={value!r} is invalid: allowed {allowed}")
-
-
 def one_of(key: str, value, allowed) -> str:
-    if not isinstance(value, str) or value not in allowed:
-        fail(key, value, ", ".join(allowed))
-    return value
-
-
-def number(key: str, value, ok, allowed: str) -> None:
-    if not _num(value) or not ok(value):
-        fail(key, value, allowed)
-
-
-def integer(key: str, value, lowest: int) -> None:
-    if not _int(value, lowest):
-        fail(key, value, f"an integer >= {lowest}")
+    return checks.choice(key, value, allowed, text=True)
 
 
 def _known_keys(group: str, kind: str, cfg: dict, keys: tuple[str, ...]) -> None:

@@ -42,10 +42,13 @@ Decisions where the reference is silent or degenerate (documented deviations)
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 
-from fedlnl.methods.common import checks, engine
+from fedlnl.conf.checks import positive, unit
+from fedlnl.methods.common import engine
+from fedlnl.methods.common.params import Params, param, rule
 from fedlnl.methods.fedavg import FedAvg
 
 #: the reference's constant in the scale of residuals: 1.4826 (1 + 5/(n−1)) · MAD-like statistic
@@ -110,6 +113,17 @@ def finite_models(weights: list[dict[str, torch.Tensor]]) -> list[bool]:
     return torch.stack(norms).tolist()
 
 
+def add_corrections(flat: torch.Tensor, coords: torch.Tensor, clients: torch.Tensor, values: torch.Tensor,
+                    n: int) -> None:
+    """flat[coords[i]] += values[i], coordinates repeated across clients: one client at a time, in
+    client order, so each op writes distinct coordinates (no atomic scatter on a GPU) and every
+    coordinate receives its additions in the order ``index_add_`` gives them on the CPU (equal bits)."""
+    for j in range(n):
+        pick = clients == j
+        idx = coords[pick]
+        flat[idx] = flat[idx] + values[pick]
+
+
 def irls_aggregate(weights: list[dict[str, torch.Tensor]], lam: float, delta: float):
     """ARFL's residual-based reweighting (``IRLS_aggregation_split_restricted``).
 
@@ -143,21 +157,25 @@ def irls_aggregate(weights: list[dict[str, torch.Tensor]], lam: float, delta: fl
         coef = s / s.sum()
     out = engine.weighted_average(ws, coef.cpu().numpy())
     for key, coords, clients, diff in corrections:
-        flat = out[key].view(-1)
-        flat.index_add_(0, coords, (coef[clients] * diff.double()).to(flat.dtype))
+        add_corrections(out[key].view(-1), coords, clients, (coef[clients] * diff.double()).to(out[key].dtype), n)
     full = torch.zeros(len(weights), dtype=torch.float64)
     full[valid] = coef.cpu()
     return out, full
 
 
+@dataclass(frozen=True)
+class ARFLParams(Params):
+    """ARFL's own numbers (conf/method/arfl.yaml)."""
+
+    lam: float = param("λ: Huber constant K = λ·sqrt(2/n) of the IRLS weight", rule(positive, "a Huber constant λ > 0"))
+    delta: float = param("δ: coordinates whose IRLS weight is below δ are clipped to the repeated-median line",
+                         rule(unit, "a clipping threshold in [0, 1]"))
+
+
 class ARFL(FedAvg):
     family = "robust aggregation"
 
-    def __init__(self, fl, lam, delta):
-        checks.number("lam", lam, lambda v: v > 0, "a Huber constant λ > 0")
-        checks.number("delta", delta, lambda v: 0.0 <= v <= 1.0, "a clipping threshold in [0, 1]")
-        super().__init__(fl)
-        self.lam, self.delta = lam, delta
+    Params = ARFLParams
 
     def aggregate(self, state, updates, ctx):
         state["global"], coef = irls_aggregate([u.weights for u in updates], self.lam, self.delta)

@@ -22,11 +22,7 @@ Federated adaptation (FNBench)
 - No client state: nothing persists on a client between rounds.
 
 Fidelity switches (``${fidelity:<paper>,<FNBench code>}``)
-| switch | paper (default) | reference (FNBench code) | methods.md |
-|---|---|---|---|
-| ``forget_rate`` | ``noise``: τ = the noise rate, known (as the official code's default) | 0.2 for every setting | L1 |
-| ``schedule`` | ``paper``: min(t/T_k·τ, τ) | ``linspace``: linspace(0, τ, T_k)[t] (also the official code) | L2 |
-| ``keep_rounding`` | ``ceil``: the smallest set of at least R(T)·B samples (B = batch size) | ``floor``: int(R(T)·B) (also the official code) | L3 |
+Values and sources of each key: docs/methods.md §23.27; what each key is: ``pair.ForgettingParams``.
 
 ``forget_rate: noise`` reads ``FederationInfo.noise_rate`` (the rate the noise config implies, e.g.
 ρ(1+τ)/2·(1 − 1/M) for symmetric noise, or a real label set's published rate; never measured on
@@ -35,7 +31,7 @@ refused before training (methods.md R3). A number is accepted in either mode.
 """
 from __future__ import annotations
 
-from fedlnl.methods.common import checks, lnl, pair
+from fedlnl.methods.common import lnl, pair
 from fedlnl.methods.common.protocol import UpdatePlan, local_steps
 from fedlnl.methods.fedavg import FedAvg
 
@@ -43,17 +39,7 @@ from fedlnl.methods.fedavg import FedAvg
 class Coteaching(FedAvg):
     family = "label-noise learning as local training"
 
-    def __init__(self, fl, forget_rate, gradual_share, schedule, keep_rounding, second_init):
-        lnl.check_rate("forget_rate", forget_rate)
-        checks.number("gradual_share", gradual_share, lambda v: 0.0 <= v <= 1.0,
-                      "a share of the rounds in [0, 1] (T_k = max(1, share·rounds))")
-        checks.choice("schedule", schedule, lnl.SCHEDULES)
-        checks.choice("keep_rounding", keep_rounding, lnl.ROUNDINGS)
-        checks.choice("second_init", second_init, ("all", "head"))
-        super().__init__(fl)
-        self.forget_rate, self.gradual_share, self.schedule = forget_rate, gradual_share, schedule
-        self.keep_rounding, self.second_init = keep_rounding, second_init
-        self.noise_rate_key = "forget_rate" if forget_rate == lnl.NOISE else None  # preflight checks it is known
+    Params = pair.ForgettingParams
 
     def init(self, model, info, ctx):
         return pair.init_forgetting(model, info, ctx, self.second_init, self.forget_rate)

@@ -16,20 +16,18 @@ MNIST, methods.md §21); fresh optimiser per round; no client state. The round's
 disagreeing samples is logged as ``disagree_share``.
 
 Fidelity switches (``${fidelity:<paper>,<FNBench code>}``)
-| switch | paper (default) | reference (FNBench code) | methods.md |
-|---|---|---|---|
-| ``forget_rate`` | ``noise``: τ = the noise rate | 0.2 | L1 |
-| ``schedule`` | ``paper``: min(e/E_k·τ, τ) | ``linspace`` (also the official code) | L2 |
-| ``keep_rounding`` | ``ceil``: at least λ(e)·#D̄' samples | ``floor``: int(λ(e)·#D̄'), possibly 0: a step with zero gradient | L3 |
-| ``loss_on`` | ``logits``: cross-entropy of the network outputs | ``softmax``: cross-entropy of the softmax (a double softmax; also the official code) in the disagreement phase | L4 |
-| ``empty_disagreement`` | ``skip``: no update from a batch without disagreement | ``full_batch``: both networks step on the whole batch's loss (the codes' ``step < 5000`` branch, always taken in FNBench) | L5 |
+Values and sources of each key: docs/methods.md §23.28; what each key is: ``CoteachingPlusParams``.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
-from fedlnl.methods.common import checks, lnl, pair
+from fedlnl.conf.checks import choice, integer
+from fedlnl.methods.common import lnl, pair
+from fedlnl.methods.common.params import param, rule
 from fedlnl.methods.common.protocol import UpdatePlan, local_steps
 from fedlnl.methods.fedavg import FedAvg
 
@@ -37,25 +35,20 @@ LOSS_ON = ("logits", "softmax")
 EMPTY = ("skip", "full_batch")
 
 
+@dataclass(frozen=True)
+class CoteachingPlusParams(pair.ForgettingParams):
+    """Co-teaching+'s numbers: Co-teaching's and the disagreement phase's (conf/method/coteaching_plus.yaml)."""
+
+    init_round: int = param("first round of the disagreement phase", rule(integer, 0))
+    loss_on: str = param("L4: the disagreement phase's CE on the logits | on their softmax", rule(choice, LOSS_ON))
+    empty_disagreement: str = param("L5: a batch without disagreement: no step (skip) | the whole batch",
+                                    rule(choice, EMPTY))
+
+
 class CoteachingPlus(FedAvg):
     family = "label-noise learning as local training"
 
-    def __init__(self, fl, forget_rate, gradual_share, schedule, keep_rounding, init_round, loss_on,
-                 empty_disagreement, second_init):
-        lnl.check_rate("forget_rate", forget_rate)
-        checks.number("gradual_share", gradual_share, lambda v: 0.0 <= v <= 1.0,
-                      "a share of the rounds in [0, 1] (E_k = max(1, share·rounds))")
-        checks.choice("schedule", schedule, lnl.SCHEDULES)
-        checks.choice("keep_rounding", keep_rounding, lnl.ROUNDINGS)
-        checks.integer("init_round", init_round, 0)
-        checks.choice("loss_on", loss_on, LOSS_ON)
-        checks.choice("empty_disagreement", empty_disagreement, EMPTY)
-        checks.choice("second_init", second_init, ("all", "head"))
-        super().__init__(fl)
-        self.forget_rate, self.gradual_share, self.schedule = forget_rate, gradual_share, schedule
-        self.keep_rounding, self.init_round, self.loss_on = keep_rounding, init_round, loss_on
-        self.empty_disagreement, self.second_init = empty_disagreement, second_init
-        self.noise_rate_key = "forget_rate" if forget_rate == lnl.NOISE else None  # preflight checks it is known
+    Params = CoteachingPlusParams
 
     def init(self, model, info, ctx):
         return pair.init_forgetting(model, info, ctx, self.second_init, self.forget_rate)

@@ -47,44 +47,25 @@ two networks' logits (``logits``, ``fidelity=reference``). The eval model is use
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 from fedlnl.methods.common import engine, semisup
+from fedlnl.methods.common.params import Method
 from fedlnl.methods.common.protocol import ClientUpdate, UpdatePlan, local_steps
 
 
-class DivideMix:
+@dataclass(frozen=True)
+class FedDivideMixParams(semisup.DivideMixParams, semisup.TwoStageParams):
+    """DivideMix as local training (conf/method/dividemix.yaml): its schedule and DivideMix's numbers."""
+
+
+class DivideMix(Method):
     family = "label-noise learning as local training"
 
     #: the shared `fl` keys this method does not read (a typed override of one is refused)
     fl_unused = {"rounds": "its schedule is method.warmup_rounds + method.train_rounds"}
 
-    def __init__(self, fl, warmup_rounds, train_rounds, train_local_epochs, train_lr, train_momentum,
-                 train_weight_decay, T, alpha, p_threshold, rampup_epochs, lambda_u_low, lambda_u_high,
-                 high_noise_from, noise_rho, noise_tau, gmm_max_iter, gmm_tol, gmm_reg_covar,
-                 ensemble, second_init):
-        semisup.check_int("warmup_rounds", warmup_rounds, 0)
-        for key, v in (("train_rounds", train_rounds), ("train_local_epochs", train_local_epochs),
-                       ("gmm_max_iter", gmm_max_iter)):
-            semisup.check_int(key, v, 1)
-        for key, v in (("train_lr", train_lr), ("T", T), ("alpha", alpha),
-                       ("gmm_tol", gmm_tol), ("gmm_reg_covar", gmm_reg_covar)):
-            semisup.check_positive(key, v)
-        for key, v in (("train_momentum", train_momentum), ("train_weight_decay", train_weight_decay),
-                       ("rampup_epochs", rampup_epochs), ("lambda_u_low", lambda_u_low),
-                       ("lambda_u_high", lambda_u_high)):
-            semisup.check_nonneg(key, v)
-        semisup.check("p_threshold", p_threshold, isinstance(p_threshold, (int, float)) and 0 < p_threshold < 1,
-                  "a probability in (0, 1)")
-        semisup.check("ensemble", ensemble, ensemble in ("softmax", "logits"), "softmax, logits")
-        semisup.check("second_init", second_init, second_init in ("all", "head"), "all, head")
-        self.fl, self.warmup_rounds, self.train_rounds = fl, warmup_rounds, train_rounds
-        self.train_local_epochs, self.train_lr = train_local_epochs, train_lr
-        self.train_momentum, self.train_weight_decay = train_momentum, train_weight_decay
-        self.T, self.alpha, self.p_threshold, self.rampup_epochs = T, alpha, p_threshold, rampup_epochs
-        group = semisup.noise_group(noise_rho, noise_tau, high_noise_from)
-        self.lambda_u = lambda_u_high if group == "high" else lambda_u_low
-        self.gmm = {"max_iter": gmm_max_iter, "tol": gmm_tol, "reg_covar": gmm_reg_covar}
-        self.ensemble, self.second_init = ensemble, second_init
+    Params = FedDivideMixParams
 
     def total_rounds(self, info, rounds=None):
         return self.warmup_rounds + self.train_rounds

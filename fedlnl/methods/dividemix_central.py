@@ -33,48 +33,41 @@ sum of their logits (reference code, ``logits``, ``fidelity=reference``).
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch.nn.functional as F
 
+from fedlnl.conf.checks import fail, integer, positive
 from fedlnl.methods.common import engine, semisup
+from fedlnl.methods.common.params import Method, param, rule
 from fedlnl.methods.common.protocol import ALL_CLIENTS, ClientUpdate, UpdatePlan, client_size, local_steps
 
 
-class DivideMixCentral:
+@dataclass(frozen=True)
+class DivideMixCentralParams(semisup.DivideMixParams):
+    """The centralized DivideMix: its epochs and learning-rate schedule besides DivideMix's numbers
+    (conf/method/dividemix_central.yaml)."""
+
+    warmup_batch_size: int = param("batch size of the cross-entropy warm-up", rule(integer, 1))
+    epochs: int = param("epochs in all, warm-up included", rule(integer, 1))
+    warmup_epochs: int = param("cross-entropy warm-up epochs of both networks", rule(integer, 0))
+    epochs_per_round: int = param("epochs one runner round trains", rule(integer, 1))
+    lr_decay_epoch: int = param("the learning rate is multiplied by lr_decay from this epoch on", rule(integer, 0))
+    lr_decay: float = param("factor of the learning-rate step", rule(positive))
+
+    def check(self) -> None:
+        if not self.warmup_epochs < self.epochs:
+            fail("method.warmup_epochs", self.warmup_epochs, f"an integer < method.epochs={self.epochs}")
+
+
+class DivideMixCentral(Method):
     family = "centralized references"
 
     #: the shared `fl` keys this method does not read (a typed override of one is refused)
     fl_unused = {"rounds": "its schedule is method.epochs (one round = method.epochs_per_round epochs)",
                  "frac": "it trains on the pooled data, no client sampling", "local_epochs": "its schedule is method.epochs"}
 
-    def __init__(self, fl, warmup_batch_size, epochs, warmup_epochs, epochs_per_round,
-                 lr_decay_epoch, lr_decay, T, alpha, p_threshold,
-                 rampup_epochs, lambda_u_low, lambda_u_high, high_noise_from, noise_rho, noise_tau,
-                 gmm_max_iter, gmm_tol, gmm_reg_covar, ensemble, second_init):
-        for key, v in (("warmup_batch_size", warmup_batch_size),
-                       ("epochs", epochs), ("epochs_per_round", epochs_per_round), ("gmm_max_iter", gmm_max_iter)):
-            semisup.check_int(key, v, 1)
-        semisup.check_int("warmup_epochs", warmup_epochs, 0)
-        semisup.check_int("lr_decay_epoch", lr_decay_epoch, 0)
-        for key, v in (("lr_decay", lr_decay), ("T", T), ("alpha", alpha),
-                       ("gmm_tol", gmm_tol), ("gmm_reg_covar", gmm_reg_covar)):
-            semisup.check_positive(key, v)
-        for key, v in (("rampup_epochs", rampup_epochs),
-                       ("lambda_u_low", lambda_u_low), ("lambda_u_high", lambda_u_high)):
-            semisup.check_nonneg(key, v)
-        semisup.check("p_threshold", p_threshold, isinstance(p_threshold, (int, float)) and 0 < p_threshold < 1,
-                  "a probability in (0, 1)")
-        semisup.check("warmup_epochs", warmup_epochs, warmup_epochs < epochs, f"an integer < method.epochs={epochs}")
-        semisup.check("ensemble", ensemble, ensemble in ("softmax", "logits"), "softmax, logits")
-        semisup.check("second_init", second_init, second_init in ("all", "head"), "all, head")
-        self.fl, self.warmup_batch_size = fl, warmup_batch_size
-        self.epochs, self.warmup_epochs, self.epochs_per_round = epochs, warmup_epochs, epochs_per_round
-        self.lr_decay_epoch, self.lr_decay = lr_decay_epoch, lr_decay
-        self.T, self.alpha, self.p_threshold, self.rampup_epochs = T, alpha, p_threshold, rampup_epochs
-        group = semisup.noise_group(noise_rho, noise_tau, high_noise_from)
-        self.lambda_u = lambda_u_high if group == "high" else lambda_u_low
-        self.gmm = {"max_iter": gmm_max_iter, "tol": gmm_tol, "reg_covar": gmm_reg_covar}
-        self.ensemble, self.second_init = ensemble, second_init
+    Params = DivideMixCentralParams
 
     def total_rounds(self, info, rounds=None):
         return math.ceil(self.epochs / self.epochs_per_round)

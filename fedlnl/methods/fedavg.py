@@ -12,13 +12,11 @@ Implementation notes
 from __future__ import annotations
 
 from fedlnl.methods.common import engine
+from fedlnl.methods.common.params import Method
 
 
-class FedAvg:
+class FedAvg(Method):
     family = "FL baselines"
-
-    def __init__(self, fl):
-        self.fl = fl
 
     def init(self, model, info, ctx):
         return {"model": model, "global": engine.get_weights(model)}

@@ -37,32 +37,14 @@ client trained, so CIFAR-10 totals 100·5 + 10·500 + 10·450 = 10,000 (methods.
 
 Fidelity switches (default ``${fidelity:<paper>,<reference>}``; ``fidelity=reference`` = official code)
 
-| switch | paper (default) | reference (``fidelity=reference``) | methods.md |
-|---|---|---|---|
-| ``prox_form`` | ``squared``: ‖w − w_g‖² (Eq. 5) | ``norm``: ‖w − w_g‖ (not squared) | Q6 |
-| ``prox_skip_first`` | false | true: no prox on the first batch of every epoch | Q6 |
-| ``mixup_all_stages`` | false: mixup in stage 1 only (Eq. 5) | true: mixup in all three stages | Q7 |
-| ``loss_on`` | ``logits``: CE of the logits | ``softmax``: CE of the softmax (double softmax) | Q9 |
-| ``score_augment`` | false: LID, losses, relabel predictions on plain images | true: on augmented (crop/flip) views, in eval mode | Q8 |
-| ``rank_model`` | ``global``: rank by the global model's loss (Eq. 6) | ``local``: by the client's post-training loss | Q10 |
-| ``rank_pool`` | ``noisy``: top ⌊π·|D_k^n|⌋ among the GMM-noisy samples | ``all``: top int(n_k·μ̂_k·π) over all samples | Q10 |
-| ``strict_threshold`` | false: confidence ≥ θ (Eq. 7) | true: confidence > θ | Q11 |
-| ``stage2_relabel`` | ``unclean``: clients S∖S_c (μ̂_k above κ) | ``lid_noisy``: last LID-noisy set | Q13 |
-| ``stage1_replace`` | false: every client once per iteration | true: draws with replacement within a sub-round | Q5 |
+Values and sources of each key: docs/methods.md §23.1; what each key is: ``FedCorrParams``.
 
 ``stage1_replace`` only matters without fraction scheduling (one client per sub-round cannot repeat).
 Then the reference runs ⌊1/γ⌋ sub-rounds of ⌊γN⌋ draws (a client may train twice in a sub-round and
 another not at all in that iteration: its LID adds 0 and its loss memory is the last one it made);
 the paper setting runs ⌈N/m⌉ sub-rounds over one permutation (m = ⌊γN⌋, the last possibly smaller).
-Both agree whenever m divides N, as in every paper setting.
-Reference behaviours with a switch of their own:
-
-| switch | paper (default) | reference | |
-|---|---|---|---|
-| ``relabel_cap`` | ``noisy_count``: ⌊π·|D_k^n|⌋ (Eq. 6) | ``mu_hat``: int(n_k·μ̂_k·π), one sample fewer in ~2 % of clients (float rounding) | Q10 |
-| ``untrained_losses`` | ``keep``: a client not drawn in an iteration keeps its last losses | ``zero``: the code's per-iteration loss memory is re-zeroed, so such a client's GMM sees zeros | Q16 |
-| ``relabel_without_finetuning`` | false: no stage-2 relabel when T2 = 0 | true: relabel after the (empty) fine-tuning loop, as the code does | Q13 |
-
+Both agree whenever m divides N, as in every paper setting. The reference behaviours ``relabel_cap``,
+``untrained_losses`` and ``relabel_without_finetuning`` have switches of their own:
 ``untrained_losses`` only matters with ``stage1_replace`` (otherwise every client trains once per
 iteration); ``relabel_without_finetuning`` only when T2 = 0 (or ``fine_tuning`` off).
 ``kappa_cmp`` (``le`` | ``lt``) is a plain switch: Sec. 3.3 and the code use μ̂ ≤ κ (default),
@@ -93,12 +75,15 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import math
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
+from fedlnl.conf.checks import choice, fail, flag, integer, number, positive, unit
 from fedlnl.methods.common import engine, lnl
+from fedlnl.methods.common.params import Method, Params, param, rule
 from fedlnl.methods.common.protocol import (ClientUpdate, Planned, UpdatePlan, local_steps, planned_clients,
                                             planned_update)
 
@@ -116,9 +101,6 @@ CHOICES = {
     "relabel_cap": ("noisy_count", "mu_hat"),
     "untrained_losses": ("keep", "zero"),
 }
-FLAGS = ("correction", "fraction_scheduling", "local_prox", "fine_tuning", "usual_training", "mixup",
-         "prox_skip_first", "mixup_all_stages", "score_augment", "strict_threshold", "stage1_replace",
-         "relabel_without_finetuning")
 HOOKS = ("init", "sample_clients", "client_update", "aggregate", "eval_model")
 
 
@@ -163,58 +145,64 @@ def _derived_seed(seed: int, tag: str) -> int:
 
 
 # ----------------------------------------------------------------------------------- the method
-class FedCorr:
+def _flag(doc: str):
+    return param(doc, rule(flag))
+
+
+def _switch(name: str, doc: str):
+    return param(doc, rule(choice, CHOICES[name]))
+
+
+@dataclass(frozen=True)
+class FedCorrParams(Params):
+    """FedCorr's own numbers (conf/method/fedcorr.yaml; docs/methods.md §2, Q-numbers there)."""
+
+    T1: int = param("pre-processing iterations (each: every client once)", rule(integer, 1))
+    T2: int = param("fine-tuning rounds", rule(integer, 0))
+    T3: int = param("usual-training rounds", rule(integer, 0))
+    beta: float = param("prox weight β (Eq. 5), times the client's μ̂ of the previous iteration",
+                        rule(number, lambda v: v >= 0, "a weight >= 0"))
+    theta: float = param("confidence threshold θ (Eq. 7)", rule(unit, "a confidence in [0, 1]"))
+    pi_: float = param("relabel ratio π (Eq. 6)", rule(unit, "a share in [0, 1]"))
+    kappa: float = param("clean-set threshold κ: fine-tuning clients have μ̂ ≤ κ", rule(unit, "a noise level in [0, 1]"))
+    lid_k: int = param("neighbours of the LID estimate (Eq. 2)", rule(integer, 1))
+    mixup_alpha: float = param("Beta(α, α) of mixup", rule(positive, "a Beta concentration > 0"))
+    correction: bool = _flag("ablation (Table 6): relabel in stages 1-2")
+    fraction_scheduling: bool = _flag("ablation: stage 1 trains one client per sub-round (γ₁ = 1/N)")
+    local_prox: bool = _flag("ablation: the prox term of Eq. 5 (false: β = 0)")
+    fine_tuning: bool = _flag("ablation: stage 2")
+    usual_training: bool = _flag("ablation: stage 3")
+    mixup: bool = _flag("ablation: mixup (false: plain CE everywhere)")
+    prox_form: str = _switch("prox_form", "Q6: ‖w − w_g‖² (squared) | ‖w − w_g‖ (norm)")
+    prox_skip_first: bool = _flag("Q6: no prox on the first batch of every epoch")
+    mixup_all_stages: bool = _flag("Q7: mixup in all three stages (false: stage 1 only)")
+    loss_on: str = _switch("loss_on", "Q9: CE of the logits | of the softmax (double softmax)")
+    score_augment: bool = _flag("Q8: LID, losses and relabel predictions on augmented views")
+    rank_model: str = _switch("rank_model", "Q10: rank relabel candidates by the global | local model's loss")
+    rank_pool: str = _switch("rank_pool", "Q10: top share among the GMM-noisy samples | among all")
+    strict_threshold: bool = _flag("Q11: confidence > θ (false: ≥ θ)")
+    stage2_relabel: str = _switch("stage2_relabel", "Q13: stage-2 relabel on S∖S_c | the last LID-noisy set")
+    stage1_replace: bool = _flag("Q5: stage-1 draws with replacement (without fraction scheduling)")
+    kappa_cmp: str = _switch("kappa_cmp", "Q12: μ̂ ≤ κ (le, Sec. 3.3 and code) | μ̂ < κ (lt, Algorithm 1)")
+    stage3: object = param("stage 3 by another method (paper Fig. 4); null = FedAvg")
+    relabel_cap: str = param("Q10: ⌊π·|D_k^n|⌋ (noisy_count) | int(n_k·μ̂_k·π) (mu_hat)",
+                             rule(choice, CHOICES["relabel_cap"]), default="noisy_count")
+    untrained_losses: str = param("Q16: a client not drawn keeps | zeroes its losses",
+                                  rule(choice, CHOICES["untrained_losses"]), default="keep")
+    relabel_without_finetuning: bool = param("Q13: stage-2 relabel also after T2 = 0 rounds", rule(flag),
+                                             default=False)
+
+    def check(self) -> None:
+        if self.stage3 is not None and not all(callable(getattr(self.stage3, h, None)) for h in HOOKS):
+            fail("method.stage3", self.stage3, "null or a method config (e.g. +method@method.stage3=fedprox)")
+
+
+class FedCorr(Method):
     family = "federated label-noise methods"
+    Params = FedCorrParams
 
     #: the shared `fl` keys FedCorr does not read (a typed override of one is refused)
     fl_unused = {"rounds": "its schedule is method.T1 iterations + method.T2 + method.T3 rounds"}
-
-    def __init__(self, fl, T1, T2, T3, beta, theta, pi_, kappa, lid_k, mixup_alpha,
-                 correction, fraction_scheduling, local_prox, fine_tuning, usual_training, mixup,
-                 prox_form, prox_skip_first, mixup_all_stages, loss_on, score_augment, rank_model,
-                 rank_pool, strict_threshold, stage2_relabel, stage1_replace, kappa_cmp, stage3,
-                 relabel_cap="noisy_count", untrained_losses="keep", relabel_without_finetuning=False):
-        self.fl = fl
-        self.T1, self.T2, self.T3 = T1, T2, T3
-        self.beta, self.theta, self.pi_, self.kappa = beta, theta, pi_, kappa
-        self.lid_k, self.mixup_alpha = lid_k, mixup_alpha
-        self.correction, self.fraction_scheduling, self.local_prox = correction, fraction_scheduling, local_prox
-        self.fine_tuning, self.usual_training, self.mixup = fine_tuning, usual_training, mixup
-        self.prox_form, self.prox_skip_first, self.mixup_all_stages = prox_form, prox_skip_first, mixup_all_stages
-        self.loss_on, self.score_augment = loss_on, score_augment
-        self.rank_model, self.rank_pool, self.strict_threshold = rank_model, rank_pool, strict_threshold
-        self.stage2_relabel, self.stage1_replace, self.kappa_cmp = stage2_relabel, stage1_replace, kappa_cmp
-        self.stage3 = stage3
-        self.relabel_cap, self.untrained_losses = relabel_cap, untrained_losses
-        self.relabel_without_finetuning = relabel_without_finetuning
-        self._validate()
-
-    def _validate(self) -> None:
-        def bad(key, allowed):
-            raise ValueError(f"method.{key}={getattr(self, key)!r} is invalid: allowed {allowed}")
-
-        for key, allowed in CHOICES.items():
-            if getattr(self, key) not in allowed:
-                bad(key, ", ".join(allowed))
-        for key in FLAGS:
-            if not isinstance(getattr(self, key), bool):
-                bad(key, "true or false")
-        is_int = lambda v: isinstance(v, int) and not isinstance(v, bool)  # noqa: E731
-        for key, low in (("T1", 1), ("T2", 0), ("T3", 0), ("lid_k", 1)):
-            if not is_int(getattr(self, key)) or getattr(self, key) < low:
-                bad(key, f"an integer >= {low}")
-        num = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)  # noqa: E731
-        for key, ok, allowed in (
-            ("beta", lambda v: v >= 0, "a weight >= 0"),
-            ("theta", lambda v: 0 <= v <= 1, "a confidence in [0, 1]"),
-            ("pi_", lambda v: 0 <= v <= 1, "a share in [0, 1]"),
-            ("kappa", lambda v: 0 <= v <= 1, "a noise level in [0, 1]"),
-            ("mixup_alpha", lambda v: v > 0, "a Beta concentration > 0"),
-        ):
-            if not num(getattr(self, key)) or not ok(getattr(self, key)):
-                bad(key, allowed)
-        if self.stage3 is not None and not all(callable(getattr(self.stage3, h, None)) for h in HOOKS):
-            bad("stage3", "null or a method config (e.g. +method@method.stage3=fedprox)")
 
     # ------------------------------------------------------------------ stages
     def _lengths(self, num_clients: int) -> dict[str, int]:

@@ -42,40 +42,15 @@ Stage lengths and communication cost
   5 + 950 ↔ 1000, CIFAR-100: 10 + 900 ↔ 1000, Clothing1M: 2 + 100 ↔ 200; Table 7).
 - ``aggregate`` reports ``stage`` = ``warmup`` | ``training``.
 
-Table 5 variants (flags; all off = FedDiv)
-| flag | effect |
-|---|---|
-| ``degraded: true`` | the federated filter averages only this round's local filters |
-| ``local_filter: true`` | each client filters with its own filter (fitted from scratch on its first participation, then warm-started from its previous one); nothing is uploaded or aggregated |
-| ``relabel: false`` + ``pcs: false`` | "w/o Relab. & w/o PCS": noisy clients train on the GMM-clean samples |
-| ``pcs: false`` | "w/o PCS": clean ∪ relabelled samples, no consistency test |
-| ``regularizer: false`` | "w/o reg": η = 0 |
-
-Fidelity switches (``${fidelity:<paper>,<reference>}``; ``fidelity=reference`` flips all; each can be
-set alone as ``method.<switch>=...``). Where the paper is silent (D5, ``augment_passes``, D14, D15)
-both fidelities use the code's behaviour and the other one is an option: the paper column then
-names the alternative, marked "(option)". docs/feddiv_official.md has the evidence (a raw-loss filter
-fitted on local losses and applied to the global model's larger losses flags nearly every sample).
-| switch | paper (default) | reference code | methods.md |
-|---|---|---|---|
-| ``zeta`` / ``xi`` / ``m`` | 0.75 / 0.5 / 0.2 | code defaults 0.0 / 0.2 / 0.5 | D1 |
-| ``variance_weights`` | ``gamma``: σ² = Σγ_kσ_k² (Eq. 5) | ``gamma_squared``: Σγ_k²σ_k² | D4 |
-| ``em_max_iter`` / ``em_tol`` | 100 / 1e-3 (EM to convergence, Alg. 2) | 3 / 0 (exactly 3 EM steps) | D3 |
-| ``normalize_losses`` | (option) false: raw losses | true: per-client min-max to [0, 1] (default) | D5 |
-| ``loss_on_softmax`` | false: CE on logits | true: CE on softmax (double softmax) | D6 |
-| ``augment_passes`` | (option) false: un-augmented views | true: augmented views for every eval pass (default) | D6 |
-| ``strict_thresholds`` | false: posterior ≥ 0.5, conf ≥ ζ (Eqs. 7, 8) | true: ``>`` | D8 |
-| ``pcs_mode`` | ``per_epoch``: before each local epoch, de-biased predictions of the model being trained (Alg. 1 l. 15–16) | ``cached``: once per round, against the de-biased labels cached from the client's previous local model (initialised to the global prediction) | D9 |
-| ``curriculum`` | false | true: first 5 participations GMM-clean only (no PCS, no relabelled samples); relabelled samples used only if δ̂ > 0.2 | D10 |
-| ``persistent_relabels`` | false: relabels hold for this round only | true: PCS-consistent relabels are written permanently (``ctx.relabel``), even if unused for training | D11 |
-| ``phat_conf_mask`` | null: p̂ from every sample (Eq. 12) | 0.85: only samples with de-biased confidence > 0.85 (no update if none) | D12 |
-| ``eta_twice`` | false: η·KL | true: η·(η·KL) | D13 |
-| ``unmixed_forward`` | (option) false | true: an extra un-mixed forward per batch (train mode) that moves BatchNorm statistics (default) | D14 |
-| ``skip_small_subsets`` | (option) false | true: a client with ≤ batch_size selected samples sends the global model unchanged (per epoch under ``per_epoch`` PCS) (default) | D15 |
-| ``align_components`` | true: local filters stored sorted by mean (clean first) | false: averaged by component index | (a) |
-
-(a) Not a listed divergence: Eq. 5 presumes component j of every client is the same component; the
-reference averages by index, which equals sorting whenever no local EM swapped the components.
+Table 5 variants are flags (all off = FedDiv). Fidelity switches: ``${fidelity:<paper>,<reference>}``,
+``fidelity=reference`` flips all, each can be set alone as ``method.<switch>=...``. Where the paper is
+silent (D5, ``augment_passes``, D14, D15) both fidelities use the code's behaviour and the other one is
+an option. Each key's paper and reference values, with their sources: docs/methods.md §23.6 (the table
+of conf/method/feddiv.yaml) and §3.6 (D-numbers); what each key is: the field docs of ``FedDivParams``.
+docs/feddiv_official.md has the evidence (a raw-loss filter fitted on local losses and applied to the
+global model's larger losses flags nearly every sample). ``align_components`` is not a listed
+divergence: Eq. 5 presumes component j of every client is the same component; the reference averages
+by index, which equals sorting whenever no local EM swapped the components.
 
 Other implementation notes and deviations
 - Relabels in the paper mode are client-local and last one round; they are *scored* each round
@@ -106,12 +81,15 @@ from __future__ import annotations
 import dataclasses
 import math
 import warnings
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
+from fedlnl.conf.checks import choice, fail, flag, integer, nonnegative, number, positive, unit
 from fedlnl.methods.common import engine
+from fedlnl.methods.common.params import Method, Params, param, rule
 from fedlnl.methods.common.protocol import ClientUpdate, UpdatePlan, local_steps
 
 PCS_MODES = ("per_epoch", "cached")
@@ -120,7 +98,7 @@ VARIANCE_WEIGHTS = ("gamma", "gamma_squared")
 
 # ------------------------------------------------------------------------------- noise filter
 # A filter is {"means": (2,), "variances": (2,), "weights": (2,)} float64 arrays (1-D, 2 components).
-def _filter(means, variances, weights) -> dict[str, np.ndarray]:
+def make_filter(means, variances, weights) -> dict[str, np.ndarray]:
     return {"means": np.asarray(means, np.float64).reshape(2),
             "variances": np.asarray(variances, np.float64).reshape(2),
             "weights": np.asarray(weights, np.float64).reshape(2)}
@@ -149,13 +127,13 @@ def aggregate_filters(filters: list[dict], sizes, variance_weights: str) -> dict
     g = g / g.sum()
     gv = g if variance_weights == "gamma" else g ** 2
     stack = lambda key: np.stack([f[key] for f in filters])  # noqa: E731  [K, 2]
-    return _filter(g @ stack("means"), gv @ stack("variances"), g @ stack("weights"))
+    return make_filter(g @ stack("means"), gv @ stack("variances"), g @ stack("weights"))
 
 
 def sort_components(f: dict) -> dict:
     """The same filter with its components ordered by mean (clean first)."""
     o = np.argsort(f["means"], kind="stable")
-    return _filter(f["means"][o], f["variances"][o], f["weights"][o])
+    return make_filter(f["means"][o], f["variances"][o], f["weights"][o])
 
 
 def initial_filter(rng: np.random.Generator, reg_covar: float, n: int = 1000) -> dict:
@@ -172,7 +150,7 @@ def initial_filter(rng: np.random.Generator, reg_covar: float, n: int = 1000) ->
     nk = resp.sum(axis=0) + 10 * np.finfo(np.float64).eps
     means = resp.T @ x / nk
     variances = (resp * (x[:, None] - means[None, :]) ** 2).sum(axis=0) / nk + reg_covar
-    return _filter(means, variances, nk / n)
+    return make_filter(means, variances, nk / n)
 
 
 def fit_filter(x: np.ndarray, init: dict | None, max_iter: int, tol: float, reg_covar: float,
@@ -184,7 +162,7 @@ def fit_filter(x: np.ndarray, init: dict | None, max_iter: int, tol: float, reg_
 
     x = np.asarray(x, np.float64).reshape(-1, 1)
     if x.shape[0] < 2:  # EM needs at least one sample per component
-        return init if init is not None else _filter([0.0, 1.0], [1.0, 1.0], [0.5, 0.5])
+        return init if init is not None else make_filter([0.0, 1.0], [1.0, 1.0], [0.5, 0.5])
     kw = {}
     if init is not None:
         w = np.clip(init["weights"], 1e-12, None)
@@ -195,7 +173,7 @@ def fit_filter(x: np.ndarray, init: dict | None, max_iter: int, tol: float, reg_
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)
         gm.fit(x)
-    return _filter(gm.means_[:, 0], gm.covariances_[:, 0, 0], gm.weights_)
+    return make_filter(gm.means_[:, 0], gm.covariances_[:, 0, 0], gm.weights_)
 
 
 def on_loss_scale(f: dict, x: np.ndarray) -> dict:
@@ -205,7 +183,7 @@ def on_loss_scale(f: dict, x: np.ndarray) -> dict:
     scaled ones (without it, raw losses far outside [0, 1] land in one component by seed)."""
     lo, hi = float(x.min()), float(x.max())
     span = hi - lo if hi > lo else 1.0
-    return _filter(lo + f["means"] * span, f["variances"] * span**2, f["weights"])
+    return make_filter(lo + f["means"] * span, f["variances"] * span**2, f["weights"])
 
 
 def minmax(x: np.ndarray) -> np.ndarray:
@@ -261,64 +239,77 @@ def prior_kl(logits: torch.Tensor) -> torch.Tensor:
 
 
 # ------------------------------------------------------------------------------- the method
-class FedDiv:
-    family = "federated label-noise methods"
+def _flag(doc: str):
+    return param(doc, rule(flag))
 
-    def __init__(self, fl, training_rounds, warmup_iterations, mixup_alpha, eta, posterior_threshold,
-                 noisy_client_threshold, zeta, xi, m, reg_covar,
-                 degraded, local_filter, relabel, pcs, regularizer,
-                 variance_weights, em_max_iter, em_tol, normalize_losses, loss_on_softmax,
-                 augment_passes, strict_thresholds, pcs_mode, curriculum, curriculum_participations,
-                 curriculum_min_noise, persistent_relabels, phat_conf_mask, eta_twice,
-                 unmixed_forward, skip_small_subsets, align_components):
-        _choice("pcs_mode", pcs_mode, PCS_MODES)
-        _choice("variance_weights", variance_weights, VARIANCE_WEIGHTS)
-        for key, v in (("zeta", zeta), ("m", m), ("posterior_threshold", posterior_threshold),
-                       ("noisy_client_threshold", noisy_client_threshold),
-                       ("curriculum_min_noise", curriculum_min_noise)):
-            _check(key, v, 0.0 <= _num(v) <= 1.0, "a number in [0, 1]")
-        _check("m", m, _num(m) < 1.0, "a momentum in [0, 1)")
-        if phat_conf_mask is not None:
-            _check("phat_conf_mask", phat_conf_mask, 0.0 <= _num(phat_conf_mask) < 1.0,
-                   "null or a confidence in [0, 1)")
-        for key, v in (("xi", xi), ("eta", eta), ("em_tol", em_tol)):
-            _check(key, v, _num(v) >= 0.0, "a number >= 0")
-        _check("mixup_alpha", mixup_alpha, _num(mixup_alpha) > 0.0, "a Beta concentration > 0")
-        _check("reg_covar", reg_covar, _num(reg_covar) > 0.0, "a number > 0")
-        _check("em_max_iter", em_max_iter, _int(em_max_iter) and em_max_iter >= 1, "an integer >= 1")
-        _check("warmup_iterations", warmup_iterations, _int(warmup_iterations) and warmup_iterations >= 0,
-               "an integer >= 0")
-        _check("curriculum_participations", curriculum_participations,
-               _int(curriculum_participations) and curriculum_participations >= 0, "an integer >= 0")
-        if training_rounds is not None:
-            _check("training_rounds", training_rounds, _int(training_rounds) and training_rounds >= 1,
-                   "null or an integer >= 1")
-        for key, v in (("degraded", degraded), ("local_filter", local_filter), ("relabel", relabel),
-                       ("pcs", pcs), ("regularizer", regularizer), ("normalize_losses", normalize_losses),
-                       ("loss_on_softmax", loss_on_softmax), ("augment_passes", augment_passes),
-                       ("strict_thresholds", strict_thresholds), ("curriculum", curriculum),
-                       ("persistent_relabels", persistent_relabels), ("eta_twice", eta_twice),
-                       ("unmixed_forward", unmixed_forward), ("skip_small_subsets", skip_small_subsets),
-                       ("align_components", align_components)):
-            _check(key, v, isinstance(v, bool), "true or false")
-        self.fl, self.training_rounds = fl, training_rounds
+
+def _share(doc: str):
+    return param(doc, rule(unit), convert=float)
+
+
+def _nonneg(doc: str):
+    return param(doc, rule(nonnegative), convert=float)
+
+
+@dataclass(frozen=True)
+class FedDivParams(Params):
+    """FedDiv's own numbers (conf/method/feddiv.yaml names each value's source; docs/methods.md §3.5-3.7,
+    D-numbers there)."""
+
+    training_rounds: int | None = param("𝒯 = 𝒯_ft + 𝒯_ut training rounds; null = fl.rounds minus the warm-up",
+                                        rule(integer, 1, optional=True))
+    warmup_iterations: int = param("𝒯_wu warm-up iterations, each visits every client once",
+                                   rule(integer, 0), convert=int)
+    mixup_alpha: float = param("α of mixup's Beta(α, α)", rule(positive, "a Beta concentration > 0"), convert=float)
+    eta: float = _nonneg("η of the class-prior regulariser L_reg (Eq. 15)")
+    posterior_threshold: float = param("clean iff the clean-component posterior ≥ it (Eq. 7)", rule(unit))
+    noisy_client_threshold: float = param("noisy client iff δ̂_k > it (text before Eq. 8)", rule(unit))
+    zeta: float = _share("ζ: global confidence a relabel needs (Eq. 8)")
+    xi: float = _nonneg("ξ of the de-biased local prediction (Eq. 9)")
+    m: float = param("m: momentum of the running mean prediction p̂_k (Eq. 12)",
+                     rule(number, lambda v: 0.0 <= v < 1.0, "a momentum in [0, 1)"), convert=float)
+    reg_covar: float = param("GMM variance floor", rule(positive), convert=float)
+    degraded: bool = _flag("Table 5 variant: aggregate only this round's local filters")
+    local_filter: bool = _flag("Table 5 variant: each client filters with its own filter")
+    relabel: bool = _flag("Table 5 variant: false = w/o relabelling")
+    pcs: bool = _flag("Table 5 variant: false = w/o PCS")
+    regularizer: bool = _flag("Table 5 variant: false = w/o reg (η = 0)")
+    variance_weights: str = param("D4: σ² = Σγσ_k² (gamma) | Σγ²σ_k² (gamma_squared)",
+                                  rule(choice, VARIANCE_WEIGHTS))
+    em_max_iter: int = param("D3: EM steps of the filter fits at most", rule(integer, 1), convert=int)
+    em_tol: float = _nonneg("D3: EM convergence tolerance")
+    normalize_losses: bool = _flag("D5: per-client min-max of the losses to [0, 1]")
+    loss_on_softmax: bool = _flag("D6: cross-entropy of the softmax (false: of the logits)")
+    augment_passes: bool = _flag("D6: loss and prediction passes on augmented views")
+    strict_thresholds: bool = _flag("D8: posterior > 0.5, confidence > ζ (false: ≥)")
+    pcs_mode: str = param("D9: PCS every local epoch (per_epoch) | once per round vs cached labels (cached)",
+                          rule(choice, PCS_MODES))
+    curriculum: bool = _flag("D10: PCS and relabels only from the first curriculum_participations on")
+    curriculum_participations: int = param("D10: the first participations the curriculum spares",
+                                           rule(integer, 0), convert=int)
+    curriculum_min_noise: float = param("D10: relabelled samples used only if δ̂ > it", rule(unit))
+    persistent_relabels: bool = _flag("D11: relabels replace the client's data for later rounds")
+    phat_conf_mask: float | None = param("D12: p̂ over samples with de-biased confidence > it; null = all",
+                                         rule(number, lambda v: 0.0 <= v < 1.0, "null or a confidence in [0, 1)",
+                                              optional=True))
+    eta_twice: bool = _flag("D13: η·(η·KL) as the code (false: η·KL, Eq. 15)")
+    unmixed_forward: bool = _flag("D14: an extra un-mixed forward pass (moves BN statistics)")
+    skip_small_subsets: bool = _flag("D15: ≤ batch_size selected samples -> send the global model")
+    align_components: bool = _flag("component 1 is the smaller-mean one (false: averaged by index)")
+
+
+class FedDiv(Method):
+    family = "federated label-noise methods"
+    Params = FedDivParams
+
+    def __init__(self, fl, *args, **values):
+        super().__init__(fl, *args, **values)
         # with 𝒯 given, fl.rounds (the FedAvg-equivalent budget) is not read
-        self.fl_unused = {} if training_rounds is None else {
-            "rounds": f"its schedule is method.warmup_iterations x N + method.training_rounds={training_rounds}"}
-        self.warmup_iterations, self.mixup_alpha = int(warmup_iterations), float(mixup_alpha)
+        self.fl_unused = {} if self.training_rounds is None else {
+            "rounds": f"its schedule is method.warmup_iterations x N + method.training_rounds={self.training_rounds}"}
         # η·KL, or η·(η·KL) as the reference applies the coefficient twice (D13); 0 = "w/o reg"
-        self.eta_eff = (float(eta) ** 2 if eta_twice else float(eta)) if regularizer else 0.0
-        self.posterior_threshold, self.noisy_client_threshold = posterior_threshold, noisy_client_threshold
-        self.zeta, self.xi, self.m, self.reg_covar = float(zeta), float(xi), float(m), float(reg_covar)
-        self.degraded, self.local_filter, self.relabel, self.pcs = degraded, local_filter, relabel, pcs
-        self.variance_weights, self.em_max_iter, self.em_tol = variance_weights, int(em_max_iter), float(em_tol)
-        self.normalize_losses, self.loss_on_softmax = normalize_losses, loss_on_softmax
-        self.augment_passes, self.strict = augment_passes, strict_thresholds
-        self.pcs_mode, self.curriculum = pcs_mode, curriculum
-        self.curriculum_participations, self.curriculum_min_noise = int(curriculum_participations), curriculum_min_noise
-        self.persistent_relabels, self.phat_conf_mask = persistent_relabels, phat_conf_mask
-        self.unmixed_forward, self.skip_small_subsets = unmixed_forward, skip_small_subsets
-        self.align_components = align_components
+        self.eta_eff = (self.eta ** 2 if self.eta_twice else self.eta) if self.regularizer else 0.0
+        self.strict = self.strict_thresholds
 
     # ---------------------------------------------------------------- stages
     def _warmup_rounds(self, n: int) -> int:
@@ -330,8 +321,9 @@ class FedDiv:
         if self.training_rounds is not None:
             return int(self.training_rounds)
         T = int(rounds) - math.ceil(self.warmup_iterations / self.fl.frac - 1e-9)
-        _check("training_rounds", None, T >= 1,
-               f"an integer >= 1 (null derives fl.rounds - T_wu/frac = {T}; raise fl.rounds or set it)")
+        if T < 1:
+            fail("method.training_rounds", None,
+                 f"an integer >= 1 (null derives fl.rounds - T_wu/frac = {T}; raise fl.rounds or set it)")
         return T
 
     def total_rounds(self, info, rounds):
@@ -380,7 +372,7 @@ class FedDiv:
         steps = local_steps(info.client_sizes[k], self.fl.local_epochs, self.fl.batch_size)
         if self._in_warmup(ctx):
             return UpdatePlan(steps)
-        payload = 0 if self.local_filter else engine.payload_bytes({"filter": _filter([0, 0], [1, 1], [1, 1])})
+        payload = 0 if self.local_filter else engine.payload_bytes({"filter": make_filter([0, 0], [1, 1], [1, 1])})
         return UpdatePlan(steps, payload=payload, exact=False)
 
     def client_update(self, state, client, ctx):
@@ -395,7 +387,7 @@ class FedDiv:
             return state, {"stage": "warmup"}
         if not self.local_filter:
             for u in updates:
-                state["cache"][u.client] = _filter(**u.payload["filter"])
+                state["cache"][u.client] = make_filter(**u.payload["filter"])
             keys = [u.client for u in updates] if self.degraded else sorted(state["cache"])
             state["filter"] = aggregate_filters([state["cache"][k] for k in keys],
                                                 [ctx.client_sizes[k] for k in keys], self.variance_weights)
@@ -592,21 +584,3 @@ class FedDiv:
             lo = int(np.argmin(f["means"]))
             out.update(filter_mu_clean=float(f["means"][lo]), filter_mu_noisy=float(f["means"][1 - lo]))
         return out
-
-
-# ------------------------------------------------------------------------------- validation
-def _num(v) -> float:
-    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else float("nan")
-
-
-def _int(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _check(key: str, value, ok: bool, allowed: str) -> None:
-    if not ok:
-        raise ValueError(f"method.{key}={value!r} is invalid: allowed {allowed}")
-
-
-def _choice(key: str, value, allowed: tuple[str, ...]) -> None:
-    _check(key, value, value in allowed, ", ".join(allowed))

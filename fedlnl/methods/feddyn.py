@@ -42,31 +42,37 @@ Batch size and epochs follow ``fl`` (FedCorr's setup), not the official defaults
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from fedlnl.methods.common import checks, engine
+from fedlnl.conf.checks import flag, number, positive
+from fedlnl.methods.common import engine
 from fedlnl.methods.common.optimizers import ClipGrad
+from fedlnl.methods.common.params import Method, Params, param, rule
 from fedlnl.methods.common.protocol import ClientUpdate
 
 
-class FedDyn:
+@dataclass(frozen=True)
+class FedDynParams(Params):
+    """FedDyn's own numbers (conf/method/feddyn.yaml)."""
+
+    lr_decay: float = param("per-round factor of the local learning rate",
+                            rule(number, lambda v: 0 < v <= 1, "a per-round factor in (0, 1]"))
+    alpha: float = param("α: the dynamic regulariser's weight", rule(positive, "a regularisation weight α > 0"))
+    adaptive_alpha: bool = param("α_k = α·mean(n)/n_k as the official code (false: one α)", rule(flag))
+    max_grad_norm: float | None = param("local gradient-norm clip; null = none",
+                                        rule(number, lambda v: v > 0, "null or a norm > 0", optional=True))
+    bernoulli_sampling: bool = param("every client joins with probability frac (false: fixed m)", rule(flag))
+    eval_cloud: bool = param("the runner tests the cloud model θ^t (false: the plain average)", rule(flag))
+
+
+class FedDyn(Method):
     family = "FL baselines"
 
-    def __init__(self, fl, lr_decay, alpha, adaptive_alpha, max_grad_norm, bernoulli_sampling, eval_cloud):
-        checks.number("alpha", alpha, lambda v: v > 0, "a regularisation weight α > 0")
-        checks.number("lr_decay", lr_decay, lambda v: 0 < v <= 1, "a per-round factor in (0, 1]")
-        if max_grad_norm is not None:
-            checks.number("max_grad_norm", max_grad_norm, lambda v: v > 0, "null or a norm > 0")
-        for key, v in (("adaptive_alpha", adaptive_alpha), ("bernoulli_sampling", bernoulli_sampling),
-                       ("eval_cloud", eval_cloud)):
-            checks.flag(key, v)
-        self.fl, self.lr_decay = fl, lr_decay
-        self.alpha, self.adaptive_alpha = alpha, adaptive_alpha
-        self.max_grad_norm, self.bernoulli_sampling = max_grad_norm, bernoulli_sampling
-        self.eval_cloud = eval_cloud
+    Params = FedDynParams
 
     def init(self, model, info, ctx):
         weights = engine.get_weights(model)

@@ -39,11 +39,7 @@ Two stages within the budget ``fl.rounds``; m = max(⌊frac·N⌋, 1) clients pe
 Switches (the paper's text was not available, so every default is the code's form, as FedNoRo's;
 the inferred paper forms are settable):
 
-| switch | inferred paper form (settable) | the code's form (default, both fidelities) | methods.md |
-|---|---|---|---|
-| ``distance`` | ``l2``: ‖w_k − w_j‖₂ of the whole model | ``sum_of_norms``: Σ over entries of ‖Δ‖₂ (``model_dist``) | §22.3 (ELC1) |
-| ``gmm_votes`` | 1: one GMM | 9: nine GMM fits vote, seeds 0..8 (``gmm_seeds: fixed``; ``run`` draws them from the run's stream) | §22.3 (ELC2) |
-| ``detect_augment`` | false: per-class losses on plain images | true: on augmented views (the code's pass reads the training transform) | §22.3 (ELC3) |
+Values and sources of each key: docs/methods.md §23.31; what each key is: ``FedELCParams``.
 
 Plain options: ``daagg`` (false: n_k-weighted FedAvg in stage 2), ``merge_prediction`` (false: ỹ is
 not merged with the prediction after the local epochs), for ablations.
@@ -62,13 +58,16 @@ Implementation notes and deviations (methods.md §22.3)
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
-from fedlnl.methods.common import checks, engine, semisup
-from fedlnl.methods.common.noisyclients import (DISTANCES, GMM_SEEDS, adjustment, detect_noisy_clients, la_loss,
+from fedlnl.conf.checks import flag, nonnegative, positive
+from fedlnl.methods.common import engine, semisup
+from fedlnl.methods.common.noisyclients import (DetectionParams, adjustment, detect_noisy_clients, la_loss,
                                                  two_stage_aggregate)
+from fedlnl.methods.common.params import param, rule
 from fedlnl.methods.common.protocol import ClientUpdate
 from fedlnl.methods.common.stores import SampleStore
 from fedlnl.methods.fedavg import FedAvg
@@ -99,32 +98,27 @@ def merge_labels(ytilde: torch.Tensor, logits: torch.Tensor, K: float) -> torch.
 
 
 # ----------------------------------------------------------------------------------- the method
+@dataclass(frozen=True)
+class FedELCParams(DetectionParams):
+    """FedELC's own numbers (conf/method/fedelc.yaml names each value's source; docs/methods.md §22.3)."""
+
+    K: float = param("initial label vector K·onehot(y)", rule(positive, "a label scale K > 0"), convert=float)
+    lambda_: float = param("λ: the label learning rate", rule(nonnegative, "a label learning rate λ >= 0"),
+                           convert=float)
+    alpha: float = param("α: weight of the compatibility term L_o", rule(nonnegative, "a loss weight >= 0"),
+                         convert=float)
+    beta: float = param("β: weight of the entropy term", rule(nonnegative, "a loss weight >= 0"), convert=float)
+    merge_prediction: bool = param("ablation: merge the label vectors with the model's prediction after training",
+                                   rule(flag))
+
+
 class FedELC(FedAvg):
     family = "federated label-noise methods"
 
-    def __init__(self, fl, warmup_rounds, K, lambda_, alpha, beta, la_tau, daagg, merge_prediction, distance,
-                 gmm_votes, gmm_seeds, detect_augment):
-        super().__init__(fl)
-        checks.integer("warmup_rounds", warmup_rounds, 1)
-        checks.number("K", K, lambda v: v > 0, "a label scale K > 0")
-        checks.number("lambda_", lambda_, lambda v: v >= 0, "a label learning rate λ >= 0")
-        for key, v in (("alpha", alpha), ("beta", beta)):
-            checks.number(key, v, lambda x: x >= 0, "a loss weight >= 0")
-        checks.number("la_tau", la_tau, lambda v: v >= 0, "a logit-adjustment scale τ >= 0")
-        for key, v in (("daagg", daagg), ("merge_prediction", merge_prediction), ("detect_augment", detect_augment)):
-            checks.flag(key, v)
-        checks.choice("distance", distance, DISTANCES)
-        checks.integer("gmm_votes", gmm_votes, 1)
-        checks.choice("gmm_seeds", gmm_seeds, GMM_SEEDS)
-        self.warmup_rounds, self.K, self.lambda_ = warmup_rounds, float(K), float(lambda_)
-        self.alpha, self.beta, self.la_tau = float(alpha), float(beta), float(la_tau)
-        self.daagg, self.merge_prediction, self.distance = daagg, merge_prediction, distance
-        self.gmm_votes, self.gmm_seeds, self.detect_augment = gmm_votes, gmm_seeds, detect_augment
+    Params = FedELCParams
 
     def total_rounds(self, info, rounds):
-        checks.number("warmup_rounds", self.warmup_rounds, lambda v: v < rounds,
-                      f"an integer < fl.rounds={rounds} (stage 2 needs at least one round)")
-        return int(rounds)
+        return self.params.check_rounds(rounds)
 
     def init(self, model, info, ctx):
         state = super().init(model, info, ctx)

@@ -26,17 +26,17 @@ Implementation notes
 
 Fidelity switches (paper = the paper and its official code; reference = FNBench's code)
 
-| key | paper | reference | methods.md |
-|---|---|---|---|
-| ``anchor`` | ``round``: Δ_k = w_k − w^t | ``initial``: Δ_k = w_k − w^0, the first global model, every round (FNBench's ``FedExp`` receives a copy of the model taken at start-up), so w^{t+1} = w^0 + η_g(w̄ − w^0) | §20.1 |
-| ``entries`` | ``parameters`` | ``all``: every state-dict entry (BatchNorm statistics and counters) in the norms and the extrapolation | §20.1 |
-| ``eval_average`` | true: evaluate (w^{t+1} + w^t)/2 | false: the last global model | §20.1 |
+Values and sources of each key: docs/methods.md §23.23; what each key is: ``FedExPParams``.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
-from fedlnl.methods.common import checks, engine, robust
+from fedlnl.conf.checks import choice, flag, positive
+from fedlnl.methods.common import engine, robust
+from fedlnl.methods.common.params import Params, param, rule
 from fedlnl.methods.fedavg import FedAvg
 
 ANCHORS = ("round", "initial")
@@ -54,16 +54,21 @@ def extrapolate(ref: torch.Tensor, avg: torch.Tensor, eta: float) -> torch.Tenso
     return out.to(ref.dtype) if ref.is_floating_point() else out.round().to(ref.dtype)
 
 
+@dataclass(frozen=True)
+class FedExPParams(Params):
+    """FedExP's own numbers (conf/method/fedexp.yaml; docs/methods.md §20.1)."""
+
+    eps: float = param("ε of the server step size's denominator", rule(positive, "a denominator constant ε > 0"))
+    anchor: str = param("Δ_k = w_k − w^t (round) | w_k − w^0 every round (initial)", rule(choice, ANCHORS))
+    entries: str = param("norms and extrapolation over parameters | every state-dict entry (all)",
+                         rule(choice, ENTRIES))
+    eval_average: bool = param("evaluate (w^{t+1} + w^t)/2 (false: the last global model)", rule(flag))
+
+
 class FedExP(FedAvg):
     family = "FL baselines"
 
-    def __init__(self, fl, eps, anchor, entries, eval_average):
-        checks.number("eps", eps, lambda v: v > 0, "a denominator constant ε > 0")
-        checks.choice("anchor", anchor, ANCHORS)
-        checks.choice("entries", entries, ENTRIES)
-        checks.flag("eval_average", eval_average)
-        super().__init__(fl)
-        self.eps, self.anchor, self.entries, self.eval_average = eps, anchor, entries, eval_average
+    Params = FedExPParams
 
     def init(self, model, info, ctx):
         state = super().init(model, info, ctx)

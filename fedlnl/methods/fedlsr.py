@@ -31,13 +31,7 @@ run's rounds), then γ (the code's warm-up, counted in global rounds from the st
 Switches (the paper's text was not available, so every default is the code's form; the inferred
 paper forms are settable, ``method.<switch>=...``):
 
-| switch | inferred paper form (settable) | the code's form (default, both fidelities) | methods.md |
-|---|---|---|---|
-| ``cls_form`` | ``log``: −log p_s[y] | ``softmax``: CE with p_s taken as logits (a second softmax) | §22.1 (LSR1) |
-| ``entropy_form`` | ``views``: ½[H(q(x)) + H(q(x̃))] | ``code``: H(softmax(q(x))), the code's two identical terms | §22.1 (LSR2) |
-| ``js_reduction`` | ``batchmean``: Σ_c per sample, mean over the batch | ``mean``: mean over the B·C entries (÷ C) | §22.1 (LSR3) |
-| ``view_per_sample`` | true: one draw per image | false: one draw per batch (a torchvision transform on a batch tensor) | §22.1 (LSR4) |
-| ``view_space`` | ``pixels``: colour operations on pixel values | ``normalised``: on the normalised tensor, clamped to [0, 1] | §22.1 (LSR5) |
+Values and sources of each key: docs/methods.md §23.29; what each key is: ``FedLSRParams``.
 
 Implementation notes and deviations (methods.md §22.1)
 - Local training is the suite's (``fl`` group: SGD, epochs, batch, lr, momentum, weight decay; a fresh
@@ -52,10 +46,14 @@ Implementation notes and deviations (methods.md §22.1)
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 
-from fedlnl.methods.common import checks, engine, views
+from fedlnl.conf.checks import choice, flag, nonnegative, positive, unit
+from fedlnl.methods.common import engine, views
+from fedlnl.methods.common.params import Params, param, rule
 from fedlnl.methods.fedavg import FedAvg
 
 CLS_FORMS = ("log", "softmax")
@@ -119,27 +117,32 @@ def lsr_loss(logits1, logits2, labels, omega: float, gamma_t: float, gamma_e: fl
 
 
 # ----------------------------------------------------------------------------------- the method
+@dataclass(frozen=True)
+class FedLSRParams(Params):
+    """FedLSR's own numbers (conf/method/fedlsr.yaml names each value's source; docs/methods.md §22.1, LSR-numbers)."""
+
+    gamma: float = param("γ: weight of the JS self-distillation", rule(nonnegative, "a loss weight >= 0"))
+    gamma_e: float = param("γ_e: weight of L_e (> 0: FedLSR+, 0: the paper's FedLSR)",
+                           rule(nonnegative, "a loss weight >= 0"))
+    inv_T_d: float = param("1/T_d: the logits are multiplied by it before the softmax",
+                           rule(positive, "an inverse temperature 1/T_d > 0"))
+    sharpen_T: float = param("T of the sharpening p^(1/T)", rule(positive, "a sharpening temperature > 0"))
+    warmup_ratio: float = param("t_w = warmup_ratio·rounds: γ ramps up linearly before",
+                                rule(unit, "a share of the rounds in [0, 1]"))
+    view: str = param("the second view's transform", rule(choice, views.KINDS))
+    cls_form: str = param("LSR1: L_cls = CE(p_s as logits) (softmax, code) | −log p_s[y] (log)", rule(choice, CLS_FORMS))
+    entropy_form: str = param("LSR2: L_e = H(softmax(q(x))) (code) | ½[H(q(x)) + H(q(x̃))] (views)",
+                              rule(choice, ENTROPY_FORMS))
+    js_reduction: str = param("LSR3: JS as the mean over B·C entries (mean, code) | Σ_c, batch mean (batchmean)",
+                              rule(choice, JS_REDUCTIONS))
+    view_per_sample: bool = param("LSR4: one second-view draw per image (false: per batch, code)", rule(flag))
+    view_space: str = param("LSR5: colour jitter on the normalised tensor (code) | on pixels", rule(choice, views.SPACES))
+
+
 class FedLSR(FedAvg):
     family = "federated label-noise methods"
 
-    def __init__(self, fl, gamma, gamma_e, inv_T_d, sharpen_T, warmup_ratio, view, cls_form, entropy_form,
-                 js_reduction, view_per_sample, view_space):
-        super().__init__(fl)
-        for key, v in (("gamma", gamma), ("gamma_e", gamma_e)):
-            checks.number(key, v, lambda x: x >= 0, "a loss weight >= 0")
-        checks.number("inv_T_d", inv_T_d, lambda x: x > 0, "an inverse temperature 1/T_d > 0")
-        checks.number("sharpen_T", sharpen_T, lambda x: x > 0, "a sharpening temperature > 0")
-        checks.number("warmup_ratio", warmup_ratio, lambda x: 0 <= x <= 1, "a share of the rounds in [0, 1]")
-        checks.choice("view", view, views.KINDS)
-        checks.choice("cls_form", cls_form, CLS_FORMS)
-        checks.choice("entropy_form", entropy_form, ENTROPY_FORMS)
-        checks.choice("js_reduction", js_reduction, JS_REDUCTIONS)
-        checks.flag("view_per_sample", view_per_sample)
-        checks.choice("view_space", view_space, views.SPACES)
-        self.gamma, self.gamma_e, self.inv_T_d, self.sharpen_T = gamma, gamma_e, inv_T_d, sharpen_T
-        self.warmup_ratio, self.view = warmup_ratio, view
-        self.cls_form, self.entropy_form, self.js_reduction = cls_form, entropy_form, js_reduction
-        self.view_per_sample, self.view_space = view_per_sample, view_space
+    Params = FedLSRParams
 
     def gamma_at(self, ctx) -> float:
         return warmup_weight(ctx.round, self.gamma, self.warmup_ratio * ctx.total_rounds)

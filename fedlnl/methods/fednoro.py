@@ -57,13 +57,7 @@ participation would multiply by N/m (10× on CIFAR-10); ``fl.frac=1`` gives it a
 
 Alternatives to the code's forms (settable alone, same in both fidelities; methods.md §18.6):
 
-| switch | default (the code) | alternative |
-|---|---|---|
-| ``distance`` | ``sum_of_norms`` (``model_dist``) | ``l2``: ‖w_k − w_j‖₂ over the whole model |
-| ``gmm_votes`` | 9 fits, majority vote | 1: one GMM decides |
-| ``gmm_seeds`` | ``fixed``: random_state 0, 1, …, votes − 1 whatever the run seed | ``run``: drawn from the run's seeded stream |
-| ``kd_student`` | ``adjusted`` (``LA_KD``) | ``plain``: KL to the local model's own softmax |
-| ``detect_augment`` | true: augmented views (the training transform), eval mode | false: plain images |
+Values and sources of each key: docs/methods.md §23.18; what each key is: ``FedNoRoParams``.
 
 Plain switches and ablations
 - ``kd_temperature`` T = 0.8 (hard-coded in the code's ``train_FedNoRo``) divides the teacher's logits
@@ -91,17 +85,19 @@ from __future__ import annotations
 
 import copy
 import math
-import warnings
-from collections import Counter
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from fedlnl.methods.common import checks, engine
+from fedlnl.conf.checks import choice, flag, integer, number, positive
+from fedlnl.methods.common import engine
 from fedlnl.methods.common.noisyclients import (  # noqa: F401  (the shared pieces, re-exported)
     DISTANCES, GMM_SEEDS, adjustment, daagg_weights, detect_noisy_clients, gmm_noisy, gmm_seed_list, la_loss,
     model_distance, normalise_columns, per_class_losses, two_stage_aggregate)
+from fedlnl.methods.common.noisyclients import DetectionParams
+from fedlnl.methods.common.params import param, rule
 from fedlnl.methods.fedavg import FedAvg
 
 KD_STUDENTS = ("plain", "adjusted")
@@ -139,37 +135,29 @@ def rampup_weight(rnd: int, begin: int, length: int, a: float) -> float:
 
 
 # ----------------------------------------------------------------------------------- the method
+@dataclass(frozen=True)
+class FedNoRoParams(DetectionParams):
+    """FedNoRo's own numbers (conf/method/fednoro.yaml names each value's source; docs/methods.md §18)."""
+
+    lambda_: float = param("a: the KD weight λ after the ramp",
+                           rule(number, lambda v: 0 <= v <= 1, "a loss weight λ in [0, 1]"), convert=float)
+    lambda_rampup: bool = param("λ rises as a·exp(−5(1 − s)²) (false: λ = a from the start)", rule(flag))
+    rampup_begin: int = param("t0 of the λ ramp, an absolute round", rule(integer, 0))
+    rampup_rounds: int = param("R: rounds of the λ ramp", rule(integer, 0))
+    kd_temperature: float = param("T dividing the teacher's logits", rule(positive, "a temperature > 0"), convert=float)
+    logit_adjust: bool = param("ablation: L_LA (false: plain CE everywhere)", rule(flag))
+    kd: bool = param("ablation: KD for noisy clients (false: L_LA as the clean ones)", rule(flag))
+    kd_student: str = param("the KD student: logit-adjusted log-softmax (adjusted, code) | plain",
+                            rule(choice, KD_STUDENTS))
+
+
 class FedNoRo(FedAvg):
     family = "federated label-noise methods"
 
-    def __init__(self, fl, warmup_rounds, lambda_, lambda_rampup, rampup_begin, rampup_rounds, kd_temperature,
-                 la_tau, logit_adjust, kd, daagg, distance, gmm_votes, gmm_seeds, kd_student, detect_augment):
-        checks.integer("warmup_rounds", warmup_rounds, 1)
-        checks.number("lambda_", lambda_, lambda v: 0 <= v <= 1, "a loss weight λ in [0, 1]")
-        checks.flag("lambda_rampup", lambda_rampup)
-        checks.integer("rampup_begin", rampup_begin, 0)
-        checks.integer("rampup_rounds", rampup_rounds, 0)
-        checks.number("kd_temperature", kd_temperature, lambda v: v > 0, "a temperature > 0")
-        checks.number("la_tau", la_tau, lambda v: v >= 0, "a logit-adjustment scale τ >= 0")
-        for key, v in (("logit_adjust", logit_adjust), ("kd", kd), ("daagg", daagg)):
-            checks.flag(key, v)
-        checks.choice("distance", distance, DISTANCES)
-        checks.integer("gmm_votes", gmm_votes, 1)
-        checks.choice("gmm_seeds", gmm_seeds, GMM_SEEDS)
-        checks.choice("kd_student", kd_student, KD_STUDENTS)
-        checks.flag("detect_augment", detect_augment)
-        super().__init__(fl)
-        self.warmup_rounds, self.lambda_, self.lambda_rampup = warmup_rounds, float(lambda_), lambda_rampup
-        self.rampup_begin, self.rampup_rounds = rampup_begin, rampup_rounds
-        self.kd_temperature, self.la_tau = float(kd_temperature), float(la_tau)
-        self.logit_adjust, self.kd, self.daagg = logit_adjust, kd, daagg
-        self.distance, self.gmm_votes, self.gmm_seeds = distance, gmm_votes, gmm_seeds
-        self.kd_student, self.detect_augment = kd_student, detect_augment
+    Params = FedNoRoParams
 
     def total_rounds(self, info, rounds):
-        checks.number("warmup_rounds", self.warmup_rounds, lambda v: v < rounds,
-                      f"an integer < fl.rounds={rounds} (stage 2 needs at least one round)")
-        return int(rounds)
+        return self.params.check_rounds(rounds)
 
     def _weight(self, rnd: int) -> float:
         """λ of round ``rnd``: the ramp starts at ``rampup_begin`` (the code's ``--begin``), counted

@@ -26,21 +26,30 @@ Implementation notes
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch.nn.functional as F
 
-from fedlnl.methods.common import checks, engine
+from fedlnl.conf.checks import choice, flag, number
+from fedlnl.methods.common import engine
+from fedlnl.methods.common.params import Params, param, rule
 from fedlnl.methods.fedavg import FedAvg
+
+
+@dataclass(frozen=True)
+class FedProxParams(Params):
+    """FedProx's own numbers (conf/method/fedprox.yaml; docs/methods.md §5)."""
+
+    mu: float = param("proximal weight μ of Eq. 2 (0 = FedAvg)",
+                      rule(number, lambda v: v >= 0, "a proximal weight μ >= 0 (0 = FedAvg)"))
+    prox_form: str = param("the prox term: half_squared μ/2·‖w − w_g‖² (paper) | norm μ·‖w − w_g‖ (Q24)",
+                           rule(choice, engine.PROX_FORMS))
+    prox_skip_first: bool = param("no prox on the first batch of every epoch (Q24)", rule(flag))
 
 
 class FedProx(FedAvg):
     family = "FL baselines"
-
-    def __init__(self, fl, mu, prox_form, prox_skip_first):
-        checks.number("mu", mu, lambda v: v >= 0, "a proximal weight μ >= 0 (0 = FedAvg)")
-        checks.choice("prox_form", prox_form, engine.PROX_FORMS)
-        checks.flag("prox_skip_first", prox_skip_first)
-        super().__init__(fl)
-        self.mu, self.prox_form, self.prox_skip_first = mu, prox_form, prox_skip_first
+    Params = FedProxParams
 
     def client_update(self, state, client, ctx):
         # w_g: the global parameters received this round (state["global"] is not modified in place)

@@ -37,9 +37,7 @@ receives are counted by the method: ``neighbour_models`` (this round) and ``byte
 Switch (the paper's text was not available, so the default is the code's form; the inferred paper
 form is settable):
 
-| switch | inferred paper form (settable) | the code's form (default, both fidelities) | methods.md |
-|---|---|---|---|
-| ``score_augment`` | false: expertise and GMM losses on plain images | true: on augmented views (the code's evaluation loader reads the training transform), in eval mode | §22.2 (RN1) |
+Values and sources of each key: docs/methods.md §23.30; what each key is: ``FedRNParams``.
 
 Implementation notes and deviations (methods.md §22.2)
 - Candidates are the clients with a cached model. The official code also ranks clients that never
@@ -58,13 +56,18 @@ Implementation notes and deviations (methods.md §22.2)
 """
 from __future__ import annotations
 
+import functools
+from dataclasses import dataclass
+
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from fedlnl.methods.common import checks, engine, semisup
+from fedlnl.conf.checks import flag, integer, number, positive, unit
+from fedlnl.methods.common import engine, semisup
 from fedlnl.methods.common.protocol import ClientUpdate, UpdatePlan, local_steps
 from fedlnl.methods.common.stores import ModelCache
+from fedlnl.methods.common.params import Params, param, rule
 from fedlnl.methods.fedavg import FedAvg
 
 
@@ -102,23 +105,31 @@ def ensemble_clean(probs: list[torch.Tensor], weights: list[float], threshold: f
 
 
 # ----------------------------------------------------------------------------------- the method
+@dataclass(frozen=True)
+class FedRNParams(Params):
+    """FedRN's own numbers (conf/method/fedrn.yaml names each value's source; docs/methods.md §22.2, RN-numbers)."""
+
+    warmup_ratio: float = param("FedAvg warm-up share of the rounds", rule(unit, "a share of the rounds in [0, 1]"))
+    num_neighbors: int = param("K: the most reliable neighbours whose cached models join the GMM ensemble",
+                               rule(integer, 0))
+    w_alpha: float = param("α: weight of expertise vs similarity in the reliability", rule(unit, "a weight α in [0, 1]"))
+    p_threshold: float = param("clean iff probability > p_threshold",
+                               rule(number, lambda v: 0 < v < 1, "a probability in (0, 1)"))
+    gmm_max_iter: int = param("GMM: EM steps at most", rule(integer, 1))
+    gmm_tol: float = param("GMM: convergence tolerance", rule(positive))
+    gmm_reg_covar: float = param("GMM: variance floor", rule(positive))
+    score_augment: bool = param("RN1: expertise and GMM losses on augmented views (code)", rule(flag))
+
+    @functools.cached_property
+    def gmm(self) -> dict:
+        """The GMM's settings."""
+        return {"max_iter": self.gmm_max_iter, "tol": self.gmm_tol, "reg_covar": self.gmm_reg_covar}
+
+
 class FedRN(FedAvg):
     family = "federated label-noise methods"
 
-    def __init__(self, fl, warmup_ratio, num_neighbors, w_alpha, p_threshold, gmm_max_iter, gmm_tol,
-                 gmm_reg_covar, score_augment):
-        super().__init__(fl)
-        checks.number("warmup_ratio", warmup_ratio, lambda v: 0 <= v <= 1, "a share of the rounds in [0, 1]")
-        checks.integer("num_neighbors", num_neighbors, 0)
-        checks.number("w_alpha", w_alpha, lambda v: 0 <= v <= 1, "a weight α in [0, 1]")
-        checks.number("p_threshold", p_threshold, lambda v: 0 < v < 1, "a probability in (0, 1)")
-        checks.integer("gmm_max_iter", gmm_max_iter, 1)
-        for key, v in (("gmm_tol", gmm_tol), ("gmm_reg_covar", gmm_reg_covar)):
-            checks.number(key, v, lambda x: x > 0, "a number > 0")
-        checks.flag("score_augment", score_augment)
-        self.warmup_ratio, self.num_neighbors, self.w_alpha = warmup_ratio, num_neighbors, w_alpha
-        self.p_threshold, self.score_augment = p_threshold, score_augment
-        self.gmm = {"max_iter": gmm_max_iter, "tol": gmm_tol, "reg_covar": gmm_reg_covar}
+    Params = FedRNParams
 
     def warmup_rounds(self, ctx) -> int:
         return int(self.warmup_ratio * ctx.total_rounds)

@@ -25,17 +25,26 @@ Implementation notes
 """
 from __future__ import annotations
 
-from fedlnl.methods.common import checks, engine, optimizers
+from dataclasses import dataclass
+
+from fedlnl.conf.checks import number
+from fedlnl.methods.common import engine, optimizers
+from fedlnl.methods.common.params import Params, param, rule
 from fedlnl.methods.fedavg import FedAvg
+
+
+@dataclass(frozen=True)
+class FedSAMParams(Params):
+    """FedSAM's own number (conf/method/fedsam.yaml)."""
+
+    rho: float = param("SAM radius ρ of the ascent step (0 = FedAvg)",
+                       rule(number, lambda v: v >= 0, "a SAM radius ρ >= 0 (0 = FedAvg)"))
 
 
 class FedSAM(FedAvg):
     family = "FL baselines"
 
-    def __init__(self, fl, rho):
-        checks.number("rho", rho, lambda v: v >= 0, "a SAM radius ρ >= 0 (0 = FedAvg)")
-        super().__init__(fl)
-        self.rho = rho
+    Params = FedSAMParams
 
     def client_update(self, state, client, ctx):
         sam = optimizers.SAM(self.rho)

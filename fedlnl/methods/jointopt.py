@@ -39,10 +39,24 @@ Implementation notes and decisions where methods.md §11 says "unspecified"
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
+from fedlnl.conf.checks import integer, nonnegative
 from fedlnl.methods.common import engine, semisup
+from fedlnl.methods.common.params import param, rule
 from fedlnl.methods.common.protocol import ClientUpdate, UpdatePlan, local_steps
 from fedlnl.methods.fedavg import FedAvg
+
+
+@dataclass(frozen=True)
+class JointOptParams(semisup.TwoStageParams):
+    """JointOpt as local training (conf/method/jointopt.yaml; docs/methods.md §11): its schedule and JointOpt's numbers."""
+
+    alpha: float = param("α_Jo: weight of L_p (KL from the uniform prior to the batch-mean prediction)",
+                         rule(nonnegative))
+    beta: float = param("β_Jo: weight of L_e (mean prediction entropy)", rule(nonnegative))
+    window: int = param("soft label = mean prediction over a client's last `window` JointOpt epochs", rule(integer, 1))
+    begin: int = param("label updating starts once a client has run `begin` JointOpt epochs", rule(integer, 1))
 
 
 class JointOpt(FedAvg):
@@ -51,21 +65,7 @@ class JointOpt(FedAvg):
     #: the shared `fl` keys this method does not read (a typed override of one is refused)
     fl_unused = {"rounds": "its schedule is method.warmup_rounds + method.train_rounds"}
 
-    def __init__(self, fl, warmup_rounds, train_rounds, train_local_epochs, train_lr, train_momentum,
-                 train_weight_decay, alpha, beta, window, begin):
-        semisup.check_int("warmup_rounds", warmup_rounds, 0)
-        for key, v in (("train_rounds", train_rounds), ("train_local_epochs", train_local_epochs),
-                       ("window", window), ("begin", begin)):
-            semisup.check_int(key, v, 1)
-        semisup.check_positive("train_lr", train_lr)
-        for key, v in (("train_momentum", train_momentum), ("train_weight_decay", train_weight_decay),
-                       ("alpha", alpha), ("beta", beta)):
-            semisup.check_nonneg(key, v)
-        super().__init__(fl)
-        self.warmup_rounds, self.train_rounds = warmup_rounds, train_rounds
-        self.train_local_epochs, self.train_lr = train_local_epochs, train_lr
-        self.train_momentum, self.train_weight_decay = train_momentum, train_weight_decay
-        self.alpha, self.beta, self.window, self.begin = alpha, beta, window, begin
+    Params = JointOptParams
 
     def total_rounds(self, info, rounds=None):
         return self.warmup_rounds + self.train_rounds

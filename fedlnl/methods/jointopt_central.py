@@ -29,13 +29,53 @@ Implementation notes
 """
 from __future__ import annotations
 
+import functools
 import math
+from dataclasses import dataclass
 
+from fedlnl.conf.checks import integer, nonnegative, positive, unit
 from fedlnl.methods.common import engine, semisup
+from fedlnl.methods.common.params import Method, Params, param, rule
 from fedlnl.methods.common.protocol import ALL_CLIENTS, ClientUpdate, UpdatePlan, client_size, local_steps
 
 
-class JointOptCentral:
+@dataclass(frozen=True)
+class JointOptCentralParams(Params):
+    """The centralized JointOpt's two steps (conf/method/jointopt_central.yaml; docs/methods.md §11)."""
+
+    epochs: int = param("first step: epochs of L_c + α L_p + β L_e", rule(integer, 1))
+    epochs_per_round: int = param("epochs one runner round trains", rule(integer, 1))
+    begin: int = param("labels are updated from this epoch on", rule(integer, 1))
+    window: int = param("soft label = mean prediction over the last `window` epochs", rule(integer, 1))
+    alpha: float = param("α: weight of L_p", rule(nonnegative))
+    beta_low: float = param("β of the low-noise group", rule(nonnegative))
+    beta_high: float = param("β of the high-noise group", rule(nonnegative))
+    lr_low: float = param("learning rate of the low-noise group", rule(positive))
+    lr_high: float = param("learning rate of the high-noise group", rule(positive))
+    high_noise_from: float = param("the group is high when ρ(1+τ)/2 >= it (semisup.noise_group)", rule(unit))
+    noise_rho: float = param("ρ of the run's noise config (interpolated)", rule(unit))
+    noise_tau: float = param("τ of the run's noise config (interpolated)", rule(unit))
+    second_epochs: int = param("second step: epochs retraining from the initial weights on the soft labels; 0 skips it",
+                               rule(integer, 0))
+    second_lr: float = param("second step: learning rate", rule(positive))
+    second_decay: float = param("second step: factor applied after 1/3 and 2/3 of its epochs", rule(positive))
+
+    @functools.cached_property
+    def high(self) -> bool:
+        return semisup.noise_group(self.noise_rho, self.noise_tau, self.high_noise_from) == "high"
+
+    @property
+    def beta(self) -> float:
+        """β of the run's noise group."""
+        return self.beta_high if self.high else self.beta_low
+
+    @property
+    def lr(self) -> float:
+        """The learning rate of the run's noise group."""
+        return self.lr_high if self.high else self.lr_low
+
+
+class JointOptCentral(Method):
     family = "centralized references"
 
     #: the shared `fl` keys this method does not read (a typed override of one is refused)
@@ -43,23 +83,7 @@ class JointOptCentral:
                  "frac": "it trains on the pooled data, no client sampling",
                  "local_epochs": "its schedule is method.epochs", "lr": "its lr is method.lr_low / method.lr_high by noise group"}
 
-    def __init__(self, fl, epochs, epochs_per_round, begin, window, alpha, beta_low,
-                 beta_high, lr_low, lr_high, high_noise_from, noise_rho,
-                 noise_tau, second_epochs, second_lr, second_decay):
-        for key, v in (("epochs", epochs), ("epochs_per_round", epochs_per_round),
-                       ("begin", begin), ("window", window)):
-            semisup.check_int(key, v, 1)
-        semisup.check_int("second_epochs", second_epochs, 0)
-        for key, v in (("lr_low", lr_low), ("lr_high", lr_high), ("second_lr", second_lr),
-                       ("second_decay", second_decay)):
-            semisup.check_positive(key, v)
-        for key, v in (("alpha", alpha), ("beta_low", beta_low), ("beta_high", beta_high)):
-            semisup.check_nonneg(key, v)
-        self.fl = fl
-        self.epochs, self.epochs_per_round, self.begin, self.window = epochs, epochs_per_round, begin, window
-        high = semisup.noise_group(noise_rho, noise_tau, high_noise_from) == "high"
-        self.alpha, self.beta, self.lr = alpha, (beta_high if high else beta_low), (lr_high if high else lr_low)
-        self.second_epochs, self.second_lr, self.second_decay = second_epochs, second_lr, second_decay
+    Params = JointOptCentralParams
 
     def total_rounds(self, info, rounds=None):
         return math.ceil((self.epochs + self.second_epochs) / self.epochs_per_round)

@@ -25,51 +25,44 @@ Implementation notes
 
 Fidelity switches (paper = Blanchard et al.; reference = FNBench's code)
 
-| key | paper | reference | methods.md |
-|---|---|---|---|
-| ``neighbours`` | ``nearest``: sum over the n − f − 2 closest | ``all``: sum over every other client (f then plays no part) | §19.1 |
-| ``byzantine_share`` | ``noise``: the noisy-client share | 0.3 (``--compromised_rate``) | §19.5 |
-| ``integer_buffers`` | false: floating-point entries only | true: the whole state dict flattened, ``num_batches_tracked`` included | §19.1 |
+Values and sources of each key: docs/methods.md §23.19; what each key is: ``KrumParams``.
 """
 from __future__ import annotations
 
-from fedlnl.methods.common import checks, engine, robust
+from dataclasses import dataclass
+
+from fedlnl.conf.checks import choice, integer
+from fedlnl.methods.common import engine, robust
+from fedlnl.methods.common.params import param, rule
 from fedlnl.methods.fedavg import FedAvg
 
 NEIGHBOURS = ("nearest", "all")
 
 
-class Krum(FedAvg):
+@dataclass(frozen=True)
+class KrumParams(robust.ByzantineParams):
+    """Krum's own numbers (conf/method/krum.yaml; docs/methods.md §19.1, §19.5)."""
+
+    multi_m: int = param("Multi-Krum's m: the average of the m best-scored models; 1 = Krum", rule(integer, 1))
+    neighbours: str = param("score = squared distances to the n − f − 2 nearest (paper) | to all others (FNBench)",
+                            rule(choice, NEIGHBOURS))
+
+
+class Krum(robust.AssumedShare, FedAvg):
     family = "robust aggregation"
 
-    def __init__(self, fl, byzantine_share, f, multi_m, neighbours, integer_buffers):
-        robust.check_share("byzantine_share", byzantine_share)
-        if f is not None:
-            checks.integer("f", f, 0)
-        checks.integer("multi_m", multi_m, 1)
-        checks.choice("neighbours", neighbours, NEIGHBOURS)
-        checks.flag("integer_buffers", integer_buffers)
-        super().__init__(fl)
-        self.byzantine_share, self.f, self.multi_m = byzantine_share, f, multi_m
-        self.neighbours, self.integer_buffers = neighbours, integer_buffers
+    Params = KrumParams
 
     def total_rounds(self, info, rounds):
         m = engine.cohort_size(self.fl.frac, info.num_clients)
         if m < 3:
             raise ValueError(f"method=krum needs at least 3 clients per round (n > 2f + 2 with f = 0), "
                              f"got {m} (fl.frac × fl.num_clients): raise fl.frac")
-        if self.f is not None and self.f > robust.krum_max_f(m):
-            raise ValueError(f"method.f={self.f} is invalid: Krum needs n > 2f + 2 with n = {m} clients "
-                             f"per round (fl.frac × fl.num_clients): allowed f <= {robust.krum_max_f(m)}")
+        self.params.check_rounds(m, robust.krum_max_f, "Krum needs n > 2f + 2")
         if self.multi_m > m:
             raise ValueError(f"method.multi_m={self.multi_m} is invalid: allowed 1 <= multi_m <= {m} "
                              f"(the clients per round)")
         return rounds
-
-    def init(self, model, info, ctx):
-        state = super().init(model, info, ctx)
-        state["share"] = robust.assumed_share(self.byzantine_share, self.f, info)
-        return state
 
     def aggregate(self, state, updates, ctx):
         weights = [u.weights for u in updates]

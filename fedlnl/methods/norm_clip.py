@@ -24,31 +24,39 @@ Implementation notes
 
 Fidelity switches (paper = Sun et al.; reference = FNBench's code)
 
-| key | paper | reference | methods.md |
-|---|---|---|---|
-| ``clip`` | ``update``: server clips each Δ_k to norm M | ``gradient``: each local step's gradient clipped to ``max_grad_norm`` | §19.4 |
+Values and sources of each key: docs/methods.md §23.22; what each key is: ``NormClipParams``.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
-from fedlnl.methods.common import checks, engine, optimizers, robust
+from fedlnl.conf.checks import choice, number, positive
+from fedlnl.methods.common import engine, optimizers, robust
+from fedlnl.methods.common.params import Params, param, rule
 from fedlnl.methods.fedavg import FedAvg
 
 CLIPS = ("update", "gradient")
 MEDIAN = "median"
 
 
+@dataclass(frozen=True)
+class NormClipParams(Params):
+    """Norm clipping's own numbers (conf/method/norm_clip.yaml; docs/methods.md §19.4)."""
+
+    clip: str = param("server clips each update to norm M (update) | each local gradient to max_grad_norm",
+                      rule(choice, CLIPS))
+    max_norm: float | str = param("M: a norm bound, or median (the median of the round's update norms)",
+                                  rule(number, lambda v: v > 0, f"{MEDIAN} or a norm bound M > 0", word=MEDIAN))
+    max_grad_norm: float = param("the local gradient-norm bound of clip=gradient",
+                                 rule(positive, "a gradient-norm bound > 0"))
+
+
 class NormClip(FedAvg):
     family = "robust aggregation"
 
-    def __init__(self, fl, clip, max_norm, max_grad_norm):
-        checks.choice("clip", clip, CLIPS)
-        if max_norm != MEDIAN:
-            checks.number("max_norm", max_norm, lambda v: v > 0, f"{MEDIAN} or a norm bound M > 0")
-        checks.number("max_grad_norm", max_grad_norm, lambda v: v > 0, "a gradient-norm bound > 0")
-        super().__init__(fl)
-        self.clip, self.max_norm, self.max_grad_norm = clip, max_norm, max_grad_norm
+    Params = NormClipParams
 
     def client_update(self, state, client, ctx):
         opt_fn = optimizers.ClipGrad(self.max_grad_norm) if self.clip == "gradient" else None

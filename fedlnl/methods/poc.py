@@ -31,10 +31,13 @@ Fidelity switch
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 
 import numpy as np
 
-from fedlnl.methods.common import checks, engine
+from fedlnl.conf.checks import flag, integer
+from fedlnl.methods.common import engine
+from fedlnl.methods.common.params import Params, param, rule
 from fedlnl.methods.common.protocol import Planned
 from fedlnl.methods.fedavg import FedAvg
 
@@ -53,15 +56,19 @@ def highest_loss(candidates: list[int], losses: list[float], m: int) -> list[int
     return sorted(candidates[i] for i in order[:m])
 
 
+@dataclass(frozen=True)
+class PoCParams(Params):
+    """Power-of-choice's own numbers (conf/method/poc.yaml)."""
+
+    d: int = param("candidate pool size d (>= the clients per round)", rule(integer, 1))
+    weighted: bool = param("n_k-weighted average (false: 1/m, sampling is already ∝ n_k)", rule(flag))
+    fixed_candidates: bool = param("one candidate pool for the whole run (false: a fresh pool every round)", rule(flag))
+
+
 class PoC(FedAvg):
     family = "FL baselines"
 
-    def __init__(self, fl, d, weighted, fixed_candidates):
-        checks.integer("d", d, 1)
-        checks.flag("weighted", weighted)
-        checks.flag("fixed_candidates", fixed_candidates)
-        super().__init__(fl)
-        self.d, self.weighted, self.fixed_candidates = d, weighted, fixed_candidates
+    Params = PoCParams
 
     def check_pool(self, num_clients: int) -> None:
         m = engine.cohort_size(self.fl.frac, num_clients)

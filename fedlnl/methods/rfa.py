@@ -19,32 +19,34 @@ Implementation notes
 
 Fidelity switches (paper = Pillutla et al. and their code; reference = FNBench's code)
 
-| key | paper | reference | methods.md |
-|---|---|---|---|
-| ``per_tensor`` | false: one median of the whole model vector | true: a separate median per state-dict tensor | §19.3 |
-| ``weighted`` | true: α_k = n_k / Σ n | false: α_k = 1/m | §19.3 |
-| ``max_iter`` | 2 (official scripts) | 10 | §19.3 |
-| ``stop`` / ``tol`` | ``objective``, 1e-6 (relative change of the objective) | ``step``, 1e-5 (‖v_new − v‖, v kept) | §19.3 |
+Values and sources of each key: docs/methods.md §23.21; what each key is: ``RFAParams``.
 """
 from __future__ import annotations
 
-from fedlnl.methods.common import checks, robust
+from dataclasses import dataclass
+
+from fedlnl.conf.checks import choice, flag, integer, nonnegative, positive
+from fedlnl.methods.common import robust
+from fedlnl.methods.common.params import Params, param, rule
 from fedlnl.methods.fedavg import FedAvg
+
+
+@dataclass(frozen=True)
+class RFAParams(Params):
+    """RFA's own numbers (conf/method/rfa.yaml; docs/methods.md §19.3)."""
+
+    nu: float = param("smoothing ν of the Weiszfeld weights", rule(positive, "a smoothing ν > 0"))
+    max_iter: int = param("Weiszfeld steps at most", rule(integer, 0))
+    tol: float = param("stopping tolerance of the rule ``stop``", rule(nonnegative, "a tolerance >= 0"))
+    stop: str = param("stop on the relative change of the objective | on the step length", rule(choice, robust.STOPS))
+    weighted: bool = param("α_k = n_k / Σ n (false: 1/m)", rule(flag))
+    per_tensor: bool = param("a separate median per state-dict tensor (false: one for the model vector)", rule(flag))
 
 
 class RFA(FedAvg):
     family = "robust aggregation"
 
-    def __init__(self, fl, nu, max_iter, tol, stop, weighted, per_tensor):
-        checks.number("nu", nu, lambda v: v > 0, "a smoothing ν > 0")
-        checks.integer("max_iter", max_iter, 0)
-        checks.number("tol", tol, lambda v: v >= 0, "a tolerance >= 0")
-        checks.choice("stop", stop, robust.STOPS)
-        checks.flag("weighted", weighted)
-        checks.flag("per_tensor", per_tensor)
-        super().__init__(fl)
-        self.nu, self.max_iter, self.tol, self.stop = nu, max_iter, tol, stop
-        self.weighted, self.per_tensor = weighted, per_tensor
+    Params = RFAParams
 
     def aggregate(self, state, updates, ctx):
         weights = [u.weights for u in updates]

@@ -97,22 +97,23 @@ Batch size, epochs, momentum and lr follow ``fl`` (FedCorr's setup), not the cod
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from fedlnl.methods.common import checks, engine
+from fedlnl.conf.checks import flag, integer, nonnegative
+from fedlnl.methods.common import engine, scatter
+from fedlnl.methods.common.params import NOISE, Params, param, rate, rule
 from fedlnl.methods.common.protocol import ClientUpdate, UpdatePlan, local_steps
 from fedlnl.methods.fedavg import FedAvg
 
-#: ``forget_rate`` value meaning "the federation's nominal noise rate" (``FederationInfo.noise_rate``)
-NOISE = "noise"
 
 
 def class_means(feats: torch.Tensor, labels: torch.Tensor, num_classes: int) -> torch.Tensor:
     """[C, d] mean feature per label; classes without samples get the zero vector."""
-    sums = torch.zeros(num_classes, feats.shape[1], dtype=feats.dtype, device=feats.device)
-    sums.index_add_(0, labels, feats)
+    sums = scatter.group_sum(feats, labels, num_classes)  # deterministic on every device
     counts = torch.bincount(labels, minlength=num_classes).clamp_min(1).to(feats.dtype)
     return sums / counts[:, None]
 
@@ -156,29 +157,31 @@ def aggregate_centroids(f_global: torch.Tensor, f_locals: list[torch.Tensor]) ->
     return torch.where(ok[:, None], num / torch.where(ok, den, torch.ones_like(den))[:, None], f_global)
 
 
+def _flag(doc: str):
+    return param(doc, rule(flag))
+
+
+@dataclass(frozen=True)
+class RoFLParams(Params):
+    """RoFL's own numbers (conf/method/rofl.yaml; docs/methods.md §6, R-numbers there)."""
+
+    T_pl: int = param("round from which kept samples that disagree with the centroids train on the global pseudo-label",
+                      rule(integer, 1))
+    forget_rate: float | str = rate("share of each batch dropped as large-loss, or noise (the nominal rate, R3)")
+    num_gradual: int = param("rounds over which the forget rate rises to its value", rule(integer, 1))
+    lambda_cen: float = param("weight of the centroid loss", rule(nonnegative, "a weight >= 0"))
+    lambda_e: float = param("weight of the entropy term", rule(nonnegative, "a weight >= 0"))
+    detach_cen: bool = _flag("R1: the centroid loss does not reach the features (a no-op term)")
+    weighted_avg: bool = _flag("R2: n_k-weighted averaging (false: unweighted mean)")
+    pl_augment: bool = _flag("R5: pseudo-label and centroid-init passes on augmented views")
+    cen_normalize: bool = param("L_cen between unit-normalised features and centroids (false: raw scale)",
+                                rule(flag), default=True)
+
+
 class RoFL(FedAvg):
     family = "federated label-noise methods"
 
-    def __init__(self, fl, T_pl, forget_rate, num_gradual, lambda_cen, lambda_e, detach_cen, weighted_avg,
-                 pl_augment, cen_normalize=True):
-        if not (isinstance(T_pl, int) and T_pl >= 1):
-            raise ValueError(f"method.T_pl={T_pl!r} is invalid: allowed an integer round >= 1")
-        if forget_rate != NOISE:
-            checks.number("forget_rate", forget_rate, lambda v: 0.0 <= v < 1.0,
-                          f"a share in [0, 1) or {NOISE} (the federation's nominal noise rate)")
-        if not (isinstance(num_gradual, int) and num_gradual >= 1):
-            raise ValueError(f"method.num_gradual={num_gradual!r} is invalid: allowed an integer >= 1")
-        for key, val in (("lambda_cen", lambda_cen), ("lambda_e", lambda_e)):
-            checks.number(key, val, lambda v: v >= 0, "a weight >= 0")
-        for key, v in (("detach_cen", detach_cen), ("weighted_avg", weighted_avg), ("pl_augment", pl_augment)):
-            checks.flag(key, v)
-        super().__init__(fl)
-        self.T_pl, self.forget_rate, self.num_gradual = T_pl, forget_rate, num_gradual
-        self.lambda_cen, self.lambda_e = lambda_cen, lambda_e
-        self.detach_cen, self.weighted_avg, self.pl_augment = detach_cen, weighted_avg, pl_augment
-        checks.flag("cen_normalize", cen_normalize)
-        self.cen_normalize = cen_normalize
-        self.noise_rate_key = "forget_rate" if forget_rate == NOISE else None  # preflight checks it is known
+    Params = RoFLParams
 
     def init(self, model, info, ctx):
         f_G = torch.randn(info.num_classes, model.feature_dim, generator=ctx.generator("rofl_f_G"))

@@ -12,18 +12,18 @@ Federated adaptation (FNBench): plain FedAvg whose clients train with ℓ_SL ins
 settings, fresh optimiser per round, n_k-weighted averaging); no state anywhere.
 
 Fidelity switches (``${fidelity:<paper>,<FNBench code>}``)
-| switch | paper (default) | reference (FNBench code) | methods.md |
-|---|---|---|---|
-| ``A`` | −4 | ln 1e-4 = −9.21: the one-hot label clamped to [1e-4, 1] (also the official code) | L6 |
-| ``p_min`` | 0: p unclamped | 1e-7: p clamped to [1e-7, 1] inside ℓ_RCE (also the official code) | L7 |
-| ``alpha`` / ``beta`` | per dataset: CIFAR-10 0.1 / 1.0, CIFAR-100 6.0 / 0.1, MNIST-like digits 0.01 / 1.0 | 0.1 / 1.0 on every dataset | L8 |
+Values and sources of each key: docs/methods.md §23.26; what each key is: ``SCEParams``.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
-from fedlnl.methods.common import checks, engine
+from fedlnl.conf.checks import nonnegative, number
+from fedlnl.methods.common import engine
+from fedlnl.methods.common.params import Params, param, rule
 from fedlnl.methods.fedavg import FedAvg
 
 
@@ -41,16 +41,21 @@ def sce_loss(logits: torch.Tensor, labels: torch.Tensor, alpha: float, beta: flo
     return alpha * ce + beta * rce.mean()
 
 
+@dataclass(frozen=True)
+class SCEParams(Params):
+    """SCE's own numbers (conf/method/sce.yaml; docs/methods.md §21, L-numbers there)."""
+
+    alpha: float = param("α: weight of the cross-entropy term", rule(nonnegative, "a weight >= 0"))
+    beta: float = param("β: weight of the reverse cross-entropy term", rule(nonnegative, "a weight >= 0"))
+    A: float = param("L6: log 0 := A in the reverse cross-entropy", rule(number, lambda v: v < 0, "a number < 0 (log 0 := A)"))
+    p_min: float = param("L7: p clamped to [p_min, 1] inside ℓ_RCE (0: unclamped)",
+                         rule(number, lambda v: 0 <= v < 1, "a probability floor in [0, 1)"))
+
+
 class SCE(FedAvg):
     family = "label-noise learning as local training"
 
-    def __init__(self, fl, alpha, beta, A, p_min):
-        checks.number("alpha", alpha, lambda v: v >= 0, "a weight >= 0")
-        checks.number("beta", beta, lambda v: v >= 0, "a weight >= 0")
-        checks.number("A", A, lambda v: v < 0, "a number < 0 (log 0 := A)")
-        checks.number("p_min", p_min, lambda v: 0 <= v < 1, "a probability floor in [0, 1)")
-        super().__init__(fl)
-        self.alpha, self.beta, self.A, self.p_min = alpha, beta, A, p_min
+    Params = SCEParams
 
     def client_update(self, state, client, ctx):
         def loss_fn(model, xb, yb, step, gen):

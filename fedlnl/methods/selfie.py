@@ -23,12 +23,7 @@ is uploaded); the server is FedAvg (n_k-weighted). Warm-up and restarts count gl
 (FNBench: warm-up = int(0.2·rounds); the paper's γ = 25 of 100 epochs has no FL reading).
 
 Fidelity switches and options
-| key | paper (default) | reference (FNBench code) | methods.md |
-|---|---|---|---|
-| ``noise_rate`` | ``noise``: τ = the noise rate (the official code passes the true rate) | 0.2 for every client (FNBench passes its ``forget_rate``) | L9 |
-| ``full_history`` | true: refurbishable only with q predictions stored (the official code forbids q > warm-up epochs, so every history is full when refurbishing starts) | false: empty slots count as predictions of class 0 (both codes' zero-initialised histories) | L10 |
-| ``history_first`` | true (FNBench): the batch's own prediction enters its history before the decision | same; false = the official code's update after the step | L11 |
-| ``restarts`` | 0: one run in the budget | 0 (FNBench); the paper's r = 2 (README; ``main.py``: 3) multiplies the rounds by r + 1 | L12 |
+Values and sources of each key: docs/methods.md §23.25; what each key is: ``SELFIEParams``.
 
 ``noise_rate: noise`` reads ``FederationInfo.noise_rate`` (the rate the noise config implies; never
 measured on labels; methods.md R3); a number is accepted in either mode. With restarts, every run
@@ -46,11 +41,14 @@ differs from the given one as noisy (``ctx.report_samples``). Logged per round: 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
-from fedlnl.methods.common import checks, engine, history, lnl, semisup
+from fedlnl.conf.checks import flag, integer, number
+from fedlnl.methods.common import engine, history, lnl, semisup
+from fedlnl.methods.common.params import Method, Params, param, rate, rule
 from fedlnl.methods.common.protocol import ClientUpdate
 
 
@@ -76,21 +74,28 @@ def selection(losses: torch.Tensor, keep: int, refurbished: torch.Tensor) -> tor
     return mask.nonzero().flatten()
 
 
-class SELFIE:
+@dataclass(frozen=True)
+class SELFIEParams(Params):
+    """SELFIE's own numbers (conf/method/selfie.yaml; docs/methods.md §21, L-numbers there)."""
+
+    noise_rate: float | str = rate("τ of the clean (small-loss) share ⌈(1 − τ)·batch⌉, or noise (the nominal rate)")
+    q: int = param("history length: the last q predictions per sample", rule(integer, 1))
+    epsilon: float = param("uncertainty threshold ε of a refurbishable sample",
+                           rule(number, lambda v: 0 <= v <= 1, "a normalised uncertainty in [0, 1]"))
+    warmup_share: float = param("warm-up rounds = ⌊warmup_share·rounds⌋",
+                                rule(number, lambda v: 0 <= v <= 1, "a share of the rounds in [0, 1]"))
+    full_history: bool = param("L10: refurbish only with q predictions (false: empty slots count as class 0)",
+                               rule(flag))
+    history_first: bool = param("L11: the batch's own prediction enters its history before the decision",
+                                rule(flag))
+    restarts: int = param("L12: restarts from scratch keeping refurbished labels, each a full budget",
+                          rule(integer, 0))
+
+
+class SELFIE(Method):
     family = "label-noise learning as local training"
 
-    def __init__(self, fl, noise_rate, q, epsilon, warmup_share, full_history, history_first, restarts):
-        lnl.check_rate("noise_rate", noise_rate)
-        checks.integer("q", q, 1)
-        checks.number("epsilon", epsilon, lambda v: 0 <= v <= 1, "a normalised uncertainty in [0, 1]")
-        checks.number("warmup_share", warmup_share, lambda v: 0 <= v <= 1, "a share of the rounds in [0, 1]")
-        checks.flag("full_history", full_history)
-        checks.flag("history_first", history_first)
-        checks.integer("restarts", restarts, 0)
-        self.fl = fl
-        self.noise_rate, self.q, self.epsilon, self.warmup_share = noise_rate, q, epsilon, warmup_share
-        self.full_history, self.history_first, self.restarts = full_history, history_first, restarts
-        self.noise_rate_key = "noise_rate" if noise_rate == lnl.NOISE else None  # preflight checks it is known
+    Params = SELFIEParams
 
     def total_rounds(self, info, rounds):
         return (self.restarts + 1) * rounds

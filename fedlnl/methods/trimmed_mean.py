@@ -21,43 +21,37 @@ Implementation notes
 
 Fidelity switches (paper = Yin et al.; reference = FNBench's code)
 
-| key | paper | reference | methods.md |
-|---|---|---|---|
-| ``trim`` | ``coordinate``: per coordinate, drop b from each end | ``client_score``: keep the m − 2b clients whose distance sums lie closest to their median | §19.2 |
-| ``byzantine_share`` | ``noise``: the noisy-client share | 0.3 (``--compromised_rate``) | §19.5 |
-| ``integer_buffers`` | false (distances of ``client_score`` over floating-point entries) | true (``num_batches_tracked`` in the distances) | §19.1 |
+Values and sources of each key: docs/methods.md §23.20; what each key is: ``TrimmedMeanParams``.
 """
 from __future__ import annotations
 
-from fedlnl.methods.common import checks, engine, robust
+from dataclasses import dataclass
+
+from fedlnl.conf.checks import choice
+from fedlnl.methods.common import engine, robust
+from fedlnl.methods.common.params import param, rule
 from fedlnl.methods.fedavg import FedAvg
 
 TRIMS = ("coordinate", "client_score")
 
 
-class TrimmedMean(FedAvg):
+@dataclass(frozen=True)
+class TrimmedMeanParams(robust.ByzantineParams):
+    """The trimmed mean's own numbers (conf/method/trimmed_mean.yaml; docs/methods.md §19.2, §19.5)."""
+
+    trim: str = param("trim per coordinate (paper) | keep the n − 2f clients scored closest to the median (FNBench)",
+                      rule(choice, TRIMS))
+
+
+class TrimmedMean(robust.AssumedShare, FedAvg):
     family = "robust aggregation"
 
-    def __init__(self, fl, byzantine_share, f, trim, integer_buffers):
-        robust.check_share("byzantine_share", byzantine_share)
-        if f is not None:
-            checks.integer("f", f, 0)
-        checks.choice("trim", trim, TRIMS)
-        checks.flag("integer_buffers", integer_buffers)
-        super().__init__(fl)
-        self.byzantine_share, self.f, self.trim, self.integer_buffers = byzantine_share, f, trim, integer_buffers
+    Params = TrimmedMeanParams
 
     def total_rounds(self, info, rounds):
         m = engine.cohort_size(self.fl.frac, info.num_clients)
-        if self.f is not None and self.f > robust.trim_max(m):
-            raise ValueError(f"method.f={self.f} is invalid: trimming f from each end of n = {m} clients per "
-                             f"round (fl.frac × fl.num_clients) must keep one: allowed f <= {robust.trim_max(m)}")
+        self.params.check_rounds(m, robust.trim_max, "trimming f from each end must keep one")
         return rounds
-
-    def init(self, model, info, ctx):
-        state = super().init(model, info, ctx)
-        state["share"] = robust.assumed_share(self.byzantine_share, self.f, info)
-        return state
 
     def aggregate(self, state, updates, ctx):
         weights = [u.weights for u in updates]

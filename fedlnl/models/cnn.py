@@ -6,6 +6,8 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+from fedlnl.models.layers import AdaptiveAvgPool2d
+
 
 class CNN(nn.Module):
     """Two 3x3 conv layers (padding 1, ReLU) -> adaptive average pool to ``pool``x``pool`` -> Linear(M)."""
@@ -20,7 +22,7 @@ class CNN(nn.Module):
             nn.ReLU(inplace=True),
             nn.Conv2d(c1, c2, 3, padding=1),
             nn.ReLU(inplace=True),
-            nn.AdaptiveAvgPool2d(pool),
+            AdaptiveAvgPool2d(pool),  # torch's on the CPU; a deterministic gradient on a GPU
             nn.Flatten(),
         )
         self.feature_dim = c2 * pool * pool

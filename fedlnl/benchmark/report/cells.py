@@ -122,12 +122,37 @@ def with_columns(frame: pd.DataFrame, rows: str, by: Sequence[str] = ()):
     and the keys behind them. Config keys in which complete runs of one cell differ (anything but
     the seed and the bookkeeping keys) become column keys too, so a cell only pools seeds."""
     runs = frame[frame[rows].map(canon).notna()].copy() if rows in frame else frame.iloc[:0].copy()
+    runs = by_device_kind(runs, rows)
     parts = column_parts(runs, rows, by)
     runs, columns, keys = _labelled(runs, parts)
     split = pooling_keys(runs, rows)
     if split:
         runs, columns, keys = _labelled(runs, parts + [(k,) for k in split])
     return runs, columns, keys
+
+
+def device_kinds(frame: pd.DataFrame) -> pd.Series:
+    """The device kind (cpu / cuda / mps) each run ran on: its recorded identity, else the kind of the
+    device its summary names (summaries written before identities were recorded); None if unknown."""
+    kinds = pd.Series([None] * len(frame), index=frame.index, dtype=object)
+    if "device" in frame:
+        kinds = frame["device"].map(lambda d: str(d).split(":")[0] if canon(d) is not None else None)
+    if "identity.device_kind" in frame:
+        recorded = frame["identity.device_kind"].map(canon)
+        kinds = recorded.where(recorded.notna(), kinds)
+    return kinds.astype(object)
+
+
+def by_device_kind(runs: pd.DataFrame, rows: str) -> pd.DataFrame:
+    """Runs of different device kinds are never seeds of one configuration (float reductions, cuDNN
+    and cuBLAS kernels differ from the CPU's): when the runs hold more than one kind, every row value
+    is labelled with its kind (``fedavg [cuda]``, ``fedavg [cpu]``), so each kind has its own row."""
+    kinds = device_kinds(runs)
+    if kinds.dropna().nunique() <= 1:
+        return runs
+    runs = runs.copy()
+    runs[rows] = [f"{fmt(r)} [{k}]" if k is not None else r for r, k in zip(runs[rows], kinds)]
+    return runs
 
 
 def _labelled(runs: pd.DataFrame, parts: list[tuple]):

@@ -450,7 +450,7 @@ def plot_cd_diagram(mean_rank: dict, cd: float | None, path: str | Path, title: 
     names = sorted(mean_rank, key=lambda n: (mean_rank[n], str(n)))
     k = len(names)
     half = math.ceil(k / 2)
-    colour = _group_colours(names, groups)
+    colour = group_colours(names, groups)
     fig, (ax,) = _single(size=(max(7.2, 3.6 + 0.22 * k), 1.6 + 0.28 * half + (0.4 if colour else 0)))
     ax.set_xlim(0.2, k + 0.8)
     ax.set_ylim(-(0.9 * half + 0.8), 1.6)
@@ -485,7 +485,7 @@ def plot_cd_diagram(mean_rank: dict, cd: float | None, path: str | Path, title: 
     return _save(fig, path, title)
 
 
-def _group_colours(names: list, groups: dict | None) -> dict:
+def group_colours(names: list, groups: dict | None) -> dict:
     """{name: colour} by group, in the groups' order; {} without groups or with a single group."""
     if not groups or len({groups.get(n) for n in names}) < 2:
         return {}

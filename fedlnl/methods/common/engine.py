@@ -39,42 +39,65 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fedlnl.methods.common import placement
 from fedlnl.methods.common.protocol import OPTIMIZERS, ClientUpdate, Optim
 
 
 # --------------------------------------------------------------------------------------- data
 @dataclass
 class TensorData:
-    """Training images of the whole federation, resident on one device."""
+    """Training images of the whole federation, resident on the run's device, or in host memory with
+    each batch copied to the device (``placement.py``, ``data_placement``): the same values either way."""
 
-    x: torch.Tensor  # uint8 [n, C, H, W]
-    mean: torch.Tensor  # [1, C, 1, 1] float
-    std: torch.Tensor  # [1, C, 1, 1] float
+    x: torch.Tensor  # uint8 [n, C, H, W], on the device or (host placement) in host memory
+    mean: torch.Tensor  # [1, C, 1, 1] float, on the device
+    std: torch.Tensor  # [1, C, 1, 1] float, on the device
     augment: dict | None = None  # {"crop": int, "pad": int, "flip": bool}; None = no augmentation
     #: {memory format: all images normalised}, built by ``plain`` on first use (one format at a time)
     _plain: dict = field(default_factory=dict, repr=False, compare=False)
+    #: host placement: gathers batches of ``x`` and copies them to the device; None = ``x`` is there
+    host: placement.HostImages | None = field(default=None, repr=False, compare=False)
 
     @classmethod
-    def build(cls, x: torch.Tensor, mean, std, augment, device) -> "TensorData":
+    def build(cls, x: torch.Tensor, mean, std, augment, device, where: str = "device") -> "TensorData":
+        """``where``: ``device`` or ``host`` (``placement.choose`` resolves ``data_placement=auto``)."""
         shape = (1, len(mean), 1, 1)
+        kept = placement.host_copy(x) if where == "host" else x.to(device)
         return cls(
-            x=x.to(device),
+            x=kept,
             mean=torch.tensor(mean, dtype=torch.float32, device=device).view(shape),
             std=torch.tensor(std, dtype=torch.float32, device=device).view(shape),
             augment=dict(augment) if augment else None,
+            host=placement.HostImages(kept, torch.device(device)) if where == "host" else None,
         )
 
     @property
     def device(self) -> torch.device:
-        return self.x.device
+        """Where the images are computed on (the run's device), whatever the placement."""
+        return self.mean.device
+
+    def uint8(self, idx: torch.Tensor) -> torch.Tensor:
+        """The raw images ``idx`` on the device."""
+        return self.host.gather(idx) if self.host is not None else self.x[idx]
 
     def images(self, idx: torch.Tensor, augment: bool = False, gen: torch.Generator | None = None,
-               memory_format: torch.memory_format = torch.contiguous_format):
-        """Normalised float images for global indices ``idx``; augmented if asked and configured."""
-        xb = self.x[idx].float().div_(255.0)
+               memory_format: torch.memory_format = torch.contiguous_format, raw: torch.Tensor | None = None):
+        """Normalised float images for global indices ``idx``; augmented if asked and configured.
+        ``raw``: their uint8 images already on the device (``stream_images``)."""
+        xb = (self.uint8(idx) if raw is None else raw).float().div_(255.0)
         if augment and self.augment:
             xb = _crop_flip(xb, gen, **self.augment)  # NHWC-strided: channels-last needs no copy
         return ((xb - self.mean) / self.std).contiguous(memory_format=memory_format)
+
+    def stream_images(self, batches, augment: bool = False, gen: torch.Generator | None = None,
+                      memory_format: torch.memory_format = torch.contiguous_format):
+        """``images`` of each index batch in turn, for a loop that knows its batches ahead: under host
+        placement the next batch's copy is in flight while one is used (the random draws stay in
+        batch order: only the uint8 copy runs ahead)."""
+        batches = list(batches)
+        raws = self.host.stream(batches) if self.host is not None else (self.x[idx] for idx in batches)
+        for idx, raw in zip(batches, raws):
+            yield self.images(idx, augment, gen, memory_format, raw=raw)
 
     def plain(self, memory_format: torch.memory_format = torch.contiguous_format,
               chunk: int = 2048) -> torch.Tensor:
@@ -85,9 +108,10 @@ class TensorData:
             with torch.inference_mode(False), torch.no_grad():  # a normal tensor, usable in training
                 out = torch.empty(self.x.shape, dtype=torch.float32, device=self.device,
                                   memory_format=memory_format)
-                for s in range(0, self.x.shape[0], chunk):
-                    out[s:s + chunk] = self.images(torch.arange(s, min(s + chunk, self.x.shape[0]),
-                                                                device=self.device))
+                starts = range(0, self.x.shape[0], chunk)
+                chunks = [torch.arange(s, min(s + chunk, self.x.shape[0]), device=self.x.device) for s in starts]
+                for s, xb in zip(starts, self.stream_images(chunks)):
+                    out[s:s + chunk] = xb
             self._plain[memory_format] = out
         return self._plain[memory_format]
 

@@ -23,6 +23,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from fedlnl.methods.common.params import NOISE, check_rate  # noqa: F401 (rate values, re-exported)
+
 
 # --------------------------------------------------------------------------------------- LID
 def lid_scores(points: torch.Tensor, k: int, eps: float = 1e-6) -> torch.Tensor:
@@ -144,9 +146,6 @@ def sample_losses(logits: torch.Tensor, labels: torch.Tensor, on: str) -> torch.
 
 
 # ------------------------------------------------------------------- small-loss selection
-#: the value of a rate hyperparameter meaning "the federation's nominal noise rate" (``FederationInfo.noise_rate``)
-NOISE = "noise"
-
 #: how a kept share (1 − forget rate) of a batch of n becomes a count: ``ceil`` = the smallest set of at least
 #: R·n samples (Co-teaching Alg. 1: argmin over D' with |D'| ≥ R(T)|D̄|), ``floor`` = int(R·n) as the reference codes compute it
 ROUNDINGS = ("ceil", "floor")
@@ -154,15 +153,6 @@ ROUNDINGS = ("ceil", "floor")
 #: forget-rate schedules: ``paper`` = min(t/T_k·τ, τ) (Co-teaching's R(T) = 1 − min(T/T_k·τ, τ)),
 #: ``linspace`` = linspace(0, τ, T_k)[t] for t < T_k (the reference codes' rate_schedule)
 SCHEDULES = ("paper", "linspace")
-
-
-def check_rate(key: str, value) -> None:
-    """A share in [0, 1) or ``noise`` (the federation's nominal noise rate): one-line error otherwise."""
-    ok = value == NOISE or (isinstance(value, (int, float)) and not isinstance(value, bool)
-                            and math.isfinite(value) and 0.0 <= value < 1.0)
-    if not ok:
-        raise ValueError(f"method.{key}={value!r} is invalid: allowed a share in [0, 1) or {NOISE} "
-                         "(the federation's nominal noise rate)")
 
 
 def rate_value(key: str, value, info) -> float:

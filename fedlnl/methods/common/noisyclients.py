@@ -11,15 +11,41 @@ from __future__ import annotations
 
 import warnings
 from collections import Counter
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from fedlnl.methods.common import engine
+from fedlnl.conf import checks
+from fedlnl.methods.common import engine, scatter
+from fedlnl.methods.common.params import Params, param, rule
 
 DISTANCES = ("l2", "sum_of_norms")
 GMM_SEEDS = ("fixed", "run")
+
+
+@dataclass(frozen=True)
+class DetectionParams(Params):
+    """The two-stage numbers FedNoRo and FedELC share (their YAML files name each value's source)."""
+
+    warmup_rounds: int = param("T1: stage-1 rounds (logit-adjusted warm-up), then noisy-client detection",
+                               rule(checks.integer, 1))
+    la_tau: float = param("τ of the logit adjustment f(x) + τ·log π_k",
+                          rule(checks.number, lambda v: v >= 0, "a logit-adjustment scale τ >= 0"), convert=float)
+    daagg: bool = param("ablation: distance-aware aggregation in stage 2 (false: n_k-weighted FedAvg)",
+                        rule(checks.flag))
+    distance: str = param("DaAgg distance: Σ of per-entry norms (sum_of_norms, code) | l2", rule(checks.choice, DISTANCES))
+    gmm_votes: int = param("GMM fits that vote on the noisy clients", rule(checks.integer, 1))
+    gmm_seeds: str = param("GMM seeds 0..votes−1 (fixed, code) | from the run's seeded stream (run)",
+                           rule(checks.choice, GMM_SEEDS))
+    detect_augment: bool = param("per-class losses of the detection on augmented views", rule(checks.flag))
+
+    def check_rounds(self, rounds: int) -> int:
+        """Stage 2 needs at least one round: T1 < fl.rounds; returns fl.rounds."""
+        checks.number("method.warmup_rounds", self.warmup_rounds, lambda v: v < rounds,
+                      f"an integer < fl.rounds={rounds} (stage 2 needs at least one round)")
+        return int(rounds)
 
 
 # ----------------------------------------------------------------------------------- losses
@@ -41,8 +67,7 @@ def la_loss(logits, labels, adj):
 # ----------------------------------------------------------------------------------- detection
 def per_class_losses(losses: torch.Tensor, labels: torch.Tensor, num_classes: int) -> np.ndarray:
     """l_k^c: mean loss of the samples observed as class c (nan where the client has none)."""
-    sums = torch.zeros(num_classes, dtype=torch.float64, device=losses.device)
-    sums.index_add_(0, labels, losses.double())
+    sums = scatter.group_sum(losses.double(), labels, num_classes)  # deterministic on every device
     counts = torch.bincount(labels, minlength=num_classes).double()
     out = (sums / counts.clamp_min(1)).cpu().numpy()
     out[counts.cpu().numpy() == 0] = np.nan

@@ -18,13 +18,32 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fedlnl.conf.checks import choice, number
 from fedlnl.methods.common import engine, lnl, semisup
+from fedlnl.methods.common.params import Params, param, rate, rule
 from fedlnl.methods.common.protocol import ClientUpdate, Optim
+
+@dataclass(frozen=True)
+class ForgettingParams(Params):
+    """The numbers Co-teaching and Co-teaching+ share (their YAML files; docs/methods.md §21, L-numbers)."""
+
+    forget_rate: float | str = rate("final forget rate τ: a share, or noise (the federation's nominal rate)")
+    gradual_share: float = param("share of the rounds T_k in which the forget rate rises to τ",
+                                 rule(number, lambda v: 0.0 <= v <= 1.0,
+                                      "a share of the rounds in [0, 1] (T_k = max(1, share·rounds))"))
+    schedule: str = param("L2: the rise min(t/T_k·τ, τ) (paper) | linspace(0, τ, T_k)[t] (codes)",
+                          rule(choice, lnl.SCHEDULES))
+    keep_rounding: str = param("L3: kept samples per batch ⌈R·B⌉ (ceil) | int(R·B) (floor)",
+                               rule(choice, lnl.ROUNDINGS))
+    second_init: str = param("network 2: all = independent initialisation, head = new classifier only",
+                             rule(choice, ("all", "head")))
+
 
 #: rule(logits1, logits2, labels, pos) -> (loss of network 1, loss of network 2), or None: no step
 PairRule = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], "tuple[torch.Tensor, torch.Tensor] | None"]

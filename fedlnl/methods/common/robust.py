@@ -12,13 +12,14 @@ as BatchNorm's ``num_batches_tracked``) are filled by ``with_rest`` from the Fed
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 
-from fedlnl.methods.common import checks, engine
+from fedlnl.conf import checks
+from fedlnl.methods.common import engine
+from fedlnl.methods.common.params import NOISE, Params, param, rule  # NOISE share: the configured noisy-client share
 
-#: the value of a Byzantine-share key that means "the federation's configured noisy-client share"
-NOISE = "noise"
 #: RFA stopping rules: relative change of the objective (official code) or step length (FNBench)
 STOPS = ("objective", "step")
 
@@ -84,9 +85,36 @@ def combine(weights: list[Weights], coeffs, keys) -> Weights:
 
 # ------------------------------------------------------------------------------ Byzantine count
 def check_share(key: str, value) -> None:
-    if value != NOISE:
-        checks.number(key, value, lambda v: 0 <= v < 1,
-                      f"{NOISE} (the federation's noisy-client share) or a share in [0, 1)")
+    checks.number(key, value, lambda v: 0 <= v < 1, f"{NOISE} (the federation's noisy-client share) or a share in [0, 1)",
+                  word=NOISE)
+
+
+@dataclass(frozen=True)
+class ByzantineParams(Params):
+    """The assumed Byzantine count Krum and the trimmed mean share (their YAML files; docs/methods.md §19)."""
+
+    byzantine_share: float | str = param("assumed Byzantine share: f = ⌊share × clients in the round⌋, or noise "
+                                         "(the federation's configured noisy-client share)", check_share)
+    f: int | None = param("an explicit f per round instead of byzantine_share; null = from the share",
+                          rule(checks.integer, 0, optional=True))
+    integer_buffers: bool = param("distances include integer entries (num_batches_tracked), as FNBench",
+                                  rule(checks.flag))
+
+    def check_rounds(self, m: int, max_f, what: str) -> None:
+        """An explicit f must leave the rule its clients: f <= max_f(m) with m clients per round."""
+        if self.f is not None and self.f > max_f(m):
+            raise checks.ConfigError(f"method.f={self.f} is invalid: {what} with n = {m} clients per round "
+                                     f"(fl.frac × fl.num_clients): allowed f <= {max_f(m)}")
+
+
+class AssumedShare:
+    """Mixin before ``FedAvg`` (Krum, trimmed mean): the server state keeps the assumed Byzantine
+    share, resolved once from ``byzantine_share`` / ``f`` and the federation."""
+
+    def init(self, model, info, ctx):
+        state = super().init(model, info, ctx)
+        state["share"] = assumed_share(self.byzantine_share, self.f, info)
+        return state
 
 
 def resolve_share(value, info) -> float:

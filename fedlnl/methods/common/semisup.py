@@ -22,48 +22,82 @@ independently initialised twin network), ``report_flags`` (the cumulative noisy-
 from __future__ import annotations
 
 import copy
+import functools
 import math
 import warnings
-from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fedlnl.conf import checks
 from fedlnl.methods.common import engine
+from fedlnl.methods.common.params import Params, param, rule
 
 
 # ------------------------------------------------------------------------------------ config
-def check(key: str, value, ok: bool, allowed: str) -> None:
-    """Raise the one-line ValueError of a bad hyperparameter (before any training)."""
-    if not ok:
-        raise ValueError(f"method.{key}={value!r} is invalid: allowed {allowed}")
-
-
-def check_int(key: str, value, low: int) -> None:
-    ok = isinstance(value, int) and not isinstance(value, bool) and value >= low
-    check(key, value, ok, f"an integer >= {low}")
-
-
-def check_positive(key: str, value) -> None:
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0 and math.isfinite(value)
-    check(key, value, ok, "a number > 0")
-
-
-def check_nonneg(key: str, value) -> None:
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0 and math.isfinite(value)
-    check(key, value, ok, "a number >= 0")
-
-
 def noise_group(rho: float, tau: float, high_from: float) -> str:
     """FedCorr's two noise groups for per-group hyperparameters (methods.md §11-12): "high" for
     (0.6,0.5), (0.8,0), (0.8,0.5), "low" for (0,0), (0.4,0), (0.4,0.5), (0.6,0). The rule that gives
     exactly these groups and extends to any (ρ, τ): the mean noise level E[μ] = ρ(1+τ)/2 of a client
     (FedCorr Eq. 4) is ≥ ``high_from`` (0.4)."""
     for key, v in (("noise_rho", rho), ("noise_tau", tau), ("high_noise_from", high_from)):
-        check(key, v, isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v <= 1, "a number in [0, 1]")
+        checks.unit(f"method.{key}", v)
     return "high" if rho * (1.0 + tau) / 2.0 >= high_from - 1e-9 else "low"
+
+
+def _share(doc: str):
+    return param(doc, rule(checks.unit))
+
+
+@dataclass(frozen=True)
+class TwoStageParams(Params):
+    """The schedule of a centralized method run as local training after a FedAvg warm-up (JointOpt,
+    DivideMix; docs/methods.md §11-12): stage 1 FedAvg, stage 2 the method with its own optimiser."""
+
+    warmup_rounds: int = param("stage 1: FedAvg warm-up rounds", rule(checks.integer, 0))
+    train_rounds: int = param("stage 2: rounds of the method as local training", rule(checks.integer, 1))
+    train_local_epochs: int = param("stage 2: local epochs per participation", rule(checks.integer, 1))
+    train_lr: float = param("stage 2: SGD learning rate", rule(checks.positive))
+    train_momentum: float = param("stage 2: SGD momentum", rule(checks.nonnegative))
+    train_weight_decay: float = param("stage 2: SGD weight decay", rule(checks.nonnegative))
+
+
+@dataclass(frozen=True)
+class DivideMixParams(Params):
+    """The DivideMix numbers the federated and the centralized DivideMix share (their YAML files;
+    docs/methods.md §12)."""
+
+    T: float = param("sharpening temperature", rule(checks.positive))
+    alpha: float = param("α of mixup's Beta(α, α)", rule(checks.positive))
+    p_threshold: float = param("labeled iff the clean probability w > p_threshold",
+                               rule(checks.number, lambda v: 0 < v < 1, "a probability in (0, 1)"))
+    rampup_epochs: float = param("λ_u ramps up linearly over this many DivideMix epochs", rule(checks.nonnegative))
+    lambda_u_low: float = param("λ_u of the low-noise group", rule(checks.nonnegative))
+    lambda_u_high: float = param("λ_u of the high-noise group", rule(checks.nonnegative))
+    high_noise_from: float = _share("the group is high when ρ(1+τ)/2 >= it (noise_group)")
+    noise_rho: float = _share("ρ of the run's noise config (interpolated)")
+    noise_tau: float = _share("τ of the run's noise config (interpolated)")
+    gmm_max_iter: int = param("co-divide GMM: EM steps at most", rule(checks.integer, 1))
+    gmm_tol: float = param("co-divide GMM: convergence tolerance", rule(checks.positive))
+    gmm_reg_covar: float = param("co-divide GMM: variance floor", rule(checks.positive))
+    ensemble: str = param("test model: average of the two softmaxes (paper) | sum of the logits (code)",
+                          rule(checks.choice, ("softmax", "logits")))
+    second_init: str = param("network 2: all = independent initialisation, head = new classifier only",
+                             rule(checks.choice, ("all", "head")))
+
+    @functools.cached_property
+    def lambda_u(self) -> float:
+        """λ_u of the run's noise group."""
+        high = noise_group(self.noise_rho, self.noise_tau, self.high_noise_from) == "high"
+        return self.lambda_u_high if high else self.lambda_u_low
+
+    @functools.cached_property
+    def gmm(self) -> dict:
+        """The co-divide GMM's settings."""
+        return {"max_iter": self.gmm_max_iter, "tol": self.gmm_tol, "reg_covar": self.gmm_reg_covar}
 
 
 # ------------------------------------------------------------------------------------ loops

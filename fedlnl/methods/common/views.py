@@ -60,7 +60,7 @@ def _blend(x, other, factor, clamp=True):
     return out.clamp(0.0, 1.0) if clamp else out
 
 
-def _rgb_to_hsv(x):
+def rgb_to_hsv(x):
     r, g, b = x.unbind(1)
     maxc, minc = x.max(1).values, x.min(1).values
     v, delta = maxc, maxc - minc
@@ -72,7 +72,7 @@ def _rgb_to_hsv(x):
     return h % 1.0, s, v
 
 
-def _hsv_to_rgb(h, s, v):
+def hsv_to_rgb(h, s, v):
     k = torch.stack([(5.0 + h * 6.0) % 6.0, (3.0 + h * 6.0) % 6.0, (1.0 + h * 6.0) % 6.0], 1)
     f = torch.clamp(torch.minimum(k, 4.0 - k), 0.0, 1.0)
     return v.unsqueeze(1) - v.unsqueeze(1) * s.unsqueeze(1) * f
@@ -94,8 +94,8 @@ def color_jitter(x: torch.Tensor, gen: torch.Generator, per_sample: bool, streng
     y = _blend(y, gray.mean((1, 2, 3), keepdim=True).expand_as(y), contrast)
     if c == 3:
         y = _blend(y, _gray(y).expand_as(y), sat)
-        h, sv, v = _rgb_to_hsv(y)
-        y = _hsv_to_rgb((h + hue.view(-1, 1, 1)) % 1.0, sv, v)
+        h, sv, v = rgb_to_hsv(y)
+        y = hsv_to_rgb((h + hue.view(-1, 1, 1)) % 1.0, sv, v)
     x = torch.where(apply, y, x)
     if c == 3:
         to_gray = (_draw(b, per_sample, gen, dev) < 0.2).view(-1, 1, 1, 1)

@@ -1,0 +1,111 @@
+"""Each method's own hyperparameters as one frozen, documented parameter object.
+
+A method declares ``Params``: a frozen dataclass whose fields are the keys of its YAML
+(``conf/method/<name>.yaml``, where every value lives), each built with ``param(doc, rule)``: one line
+saying what the number is, and its check from the vocabulary of ``fedlnl.conf.checks``. Building the
+object checks every field once, then ``check`` (relations between fields)::
+
+    @dataclass(frozen=True)
+    class FedProxParams(Params):
+        mu: float = param("proximal weight μ (Eq. 2); 0 = FedAvg", rule(number, lambda v: v >= 0, "..."))
+
+    class FedProx(FedAvg):
+        Params = FedProxParams
+
+The method is built as before, ``FedProx(fl=..., mu=1.0)``: ``Method.__init__`` keeps ``fl`` and builds
+``self.params``; each field, and each value the Params derive (a property), reads as ``self.mu``
+(read-only). The class's signature is ``fl`` plus the fields, which is what ``compose.build_method``
+checks a YAML node against.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+from dataclasses import dataclass
+from typing import Callable, ClassVar
+
+from fedlnl.conf.checks import number, rule  # noqa: F401 (rule: the methods write their fields with it)
+
+#: the config path a method's own keys are shown under in error messages
+PREFIX = "method."
+#: a rate hyperparameter set to this means "the federation's nominal noise rate" (known from the noise
+#: config alone, never measured on labels: methods.md R3)
+NOISE = "noise"
+
+
+def param(doc: str, check: Callable[[str, object], None] | None = None, *,
+          default=dataclasses.MISSING, convert: Callable | None = None):
+    """One field: its one-line ``doc``, its ``check`` (``rule(...)``; None: checked in ``check``), an
+    optional ``convert`` applied after the check (``float``, ``int``) and, rarely, a ``default`` (the
+    value lives in the YAML; a default only keeps older YAML files working)."""
+    return dataclasses.field(default=default, metadata={"doc": doc, "check": check, "convert": convert})
+
+
+def check_rate(key: str, value) -> None:
+    """A share in [0, 1) or ``noise``."""
+    number(key, value, lambda v: 0.0 <= v < 1.0, f"a share in [0, 1) or {NOISE} (the federation's nominal noise rate)",
+           word=NOISE)
+
+
+def rate(doc: str):
+    """A rate field: a share in [0, 1) or ``noise`` (then ``Method.noise_rate_key`` names it, and
+    preflight checks the federation's noise rate is known)."""
+    return dataclasses.field(metadata={"doc": doc, "check": check_rate, "convert": None, "rate": True})
+
+
+@dataclass(frozen=True)
+class Params:
+    """A method's own hyperparameters; subclasses add the fields."""
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            check, convert = f.metadata.get("check"), f.metadata.get("convert")
+            value = getattr(self, f.name)
+            if check is not None:
+                check(PREFIX + f.name, value)
+            if convert is not None and value is not None:
+                object.__setattr__(self, f.name, convert(value))
+        self.check()
+
+    def check(self) -> None:
+        """Checks that relate several fields (override)."""
+
+
+class Method:
+    """Base of every method: keeps the shared ``fl`` settings and the method's ``Params``."""
+
+    Params: ClassVar[type[Params]] = Params
+
+    def __init__(self, fl, *args, **values):
+        self.fl = fl
+        self.params = self.Params(*args, **values)
+
+    @property
+    def noise_rate_key(self) -> str | None:
+        """The rate field set to ``noise``, if any."""
+        return next((f.name for f in dataclasses.fields(self.params)
+                     if f.metadata.get("rate") and getattr(self.params, f.name) == NOISE), None)
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if "__init__" in cls.__dict__ and "Params" not in cls.__dict__:
+            cls.__signature__ = None  # its own constructor's signature
+            return
+        fields = dataclasses.fields(cls.Params)
+        derived = [name for name, obj in inspect.getmembers(cls.Params)
+                   if isinstance(obj, (property, functools.cached_property)) and not name.startswith("_")]
+        for name in [f.name for f in fields] + derived:
+            if not hasattr(cls, name):
+                setattr(cls, name, property(_reader(name)))
+            elif not isinstance(getattr(cls, name), property):
+                raise TypeError(f"{cls.__name__}.{name} is both a hyperparameter and a class attribute")
+        kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
+        cls.__signature__ = inspect.Signature(
+            [inspect.Parameter("fl", kind)]
+            + [inspect.Parameter(f.name, kind, default=f.default if f.default is not dataclasses.MISSING
+                                 else inspect.Parameter.empty) for f in fields])
+
+
+def _reader(name: str):
+    return lambda self: getattr(self.params, name)

@@ -1,0 +1,92 @@
+"""Where the training images live (``data_placement``): on the device, or in host memory with each
+batch copied to the device.
+
+- ``device``: the whole uint8 training set on the run's device (fastest; the default where it fits).
+- ``host``: the set stays in host memory, pinned when CUDA is present; each batch is gathered on
+  the host and copied with ``non_blocking`` on a side CUDA stream, the compute stream waiting for
+  the copy (no host wait). ``HostImages.stream`` keeps one batch in flight: batch t+1's gather and
+  copy are issued before batch t is handed out. The images are the same bytes, so the numbers equal
+  device placement's (on the CPU the two hold the same tensor; the test runs the host code path).
+- ``auto``: ``host`` when the set would take more than ``DEVICE_SHARE`` of the device's free memory
+  (``torch.cuda.mem_get_info``) and always for Clothing1M at full size (~196 GB as uint8 at 256x256,
+  more than any card); ``device`` otherwise, and on the CPU.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+
+import torch
+
+PLACEMENTS = ("auto", "device", "host")
+#: the share of the device's free memory the training set may take under ``auto``: the rest is for
+#: the model, optimiser state, activations and the methods' per-sample stores
+DEVICE_SHARE = 0.5
+
+
+def choose(placement: str, nbytes: int, device: torch.device, full_clothing1m: bool = False) -> str:
+    """``device`` or ``host`` for a training set of ``nbytes`` on ``device`` (see the module docstring)."""
+    if placement not in PLACEMENTS:
+        raise ValueError(f"data_placement={placement!r} is invalid: allowed {', '.join(PLACEMENTS)}")
+    if placement != "auto":
+        return placement
+    if device.type == "cpu":
+        return "device"
+    if full_clothing1m:
+        return "host"
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return "host" if nbytes > DEVICE_SHARE * free else "device"
+    return "device"
+
+
+def host_copy(x: torch.Tensor) -> torch.Tensor:
+    """``x`` in host memory, pinned when CUDA is present (pinned pages make the copies asynchronous)."""
+    x = x.cpu()
+    return x.pin_memory() if torch.cuda.is_available() else x
+
+
+class HostImages:
+    """Gathers batches of host-resident images and copies them to ``device``."""
+
+    def __init__(self, x: torch.Tensor, device: torch.device):
+        self.x, self.device = x, torch.device(device)
+        self.cuda = self.device.type == "cuda"
+        self.side = torch.cuda.Stream(self.device) if self.cuda else None
+
+    def gather(self, idx: torch.Tensor) -> torch.Tensor:
+        """uint8 images ``idx`` on the device."""
+        return self._ready(self._issue(idx))
+
+    def stream(self, batches: Iterable[torch.Tensor]) -> Iterator[torch.Tensor]:
+        """uint8 images of each index batch on the device, with the next batch's copy in flight."""
+        pending = None
+        for idx in batches:
+            issued = self._issue(idx)
+            if pending is not None:
+                yield self._ready(pending)
+            pending = issued
+        if pending is not None:
+            yield self._ready(pending)
+
+    def _issue(self, idx: torch.Tensor) -> tuple[torch.Tensor, object]:
+        rows = idx.to("cpu")  # indices made on the device: read once per batch
+        # gathered by indexing, as device placement does: the same values *and strides* (a size-1
+        # channel dimension gets an unusual stride, and kernels choose their path by strides)
+        gathered = self.x[rows]
+        if not self.cuda:
+            return gathered, None
+        staged = torch.empty_strided(gathered.shape, gathered.stride(), dtype=gathered.dtype, pin_memory=True)
+        staged.copy_(gathered)
+        done = torch.cuda.Event()
+        with torch.cuda.stream(self.side):  # the pinned block is not reused before this copy ends
+            out = staged.to(self.device, non_blocking=True)
+            done.record(self.side)
+        return out, done
+
+    def _ready(self, issued: tuple[torch.Tensor, object]) -> torch.Tensor:
+        out, done = issued
+        if done is not None:
+            current = torch.cuda.current_stream(self.device)
+            current.wait_event(done)  # the device waits for this batch's copy only; the host does not
+            out.record_stream(current)  # freed only after the compute stream is done with it
+        return out
