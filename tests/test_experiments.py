@@ -5,16 +5,14 @@ experiment runs under ``debug=tiny``.
 Parametrized over conf/experiment/*.yaml: a new experiment is covered as soon as its YAML exists.
 """
 import json
-from pathlib import Path
 
 import pytest
 from omegaconf import OmegaConf
 
-from conftest import compose_cfg, method_names
+from conftest import CONF, compose_cfg, method_names, run_tiny
 from fedlnl.benchmark.plan import plan_config
 from fedlnl.methods.common.engine import cohort_size
 
-CONF = Path(__file__).resolve().parents[1] / "fedlnl" / "conf"
 EXPERIMENTS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
 
 
@@ -58,8 +56,6 @@ def test_reproduce_small_pins_the_small_schedule_column():
 
 @pytest.mark.parametrize("name", EXPERIMENTS)
 def test_a_cell_of_each_experiment_runs_under_debug_tiny(tmp_path, name):
-    from conftest import run_tiny
-
     s = run_tiny(tmp_path / "cell", [f"experiment={name}", "noise.rho_tau=[0.6,0.5]"], "feddiv")
     assert s["status"] == "complete" and s["rounds_run"] == s["total_rounds"]
     rows = [json.loads(line) for line in (tmp_path / "cell" / "metrics.jsonl").read_text().splitlines()]

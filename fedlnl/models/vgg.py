@@ -17,6 +17,7 @@ import torch
 import torchvision
 from torch import nn
 
+from fedlnl.conf import checks
 from fedlnl.models.layers import AdaptiveAvgPool2d, ClientDropout
 
 REFERENCE_OUTPUTS = 1000
@@ -29,8 +30,7 @@ DROPOUT_RNG = ("client",)
 class VGG11(nn.Module):
     def __init__(self, num_classes: int, input_shape: Sequence[int], reference_head: bool, dropout_rng: str):
         super().__init__()
-        if dropout_rng not in DROPOUT_RNG:
-            raise ValueError(f"model.dropout_rng={dropout_rng!r} is invalid: allowed {', '.join(DROPOUT_RNG)}")
+        checks.choice("model.dropout_rng", dropout_rng, DROPOUT_RNG, text=True)
         out = REFERENCE_OUTPUTS if reference_head else num_classes
         net = torchvision.models.vgg11(num_classes=out)
         if input_shape[0] != 3:
