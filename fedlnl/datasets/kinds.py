@@ -34,12 +34,22 @@ class Kind:
     Partition kinds: ``fn(labels, num_clients, rng, **options)`` (plus ``num_classes=`` when it
     declares that parameter) returns one sorted int64 index array per client.
 
-    Noise kinds: ``levels`` says FedCorr Eq. 4's per-client levels (``rho``, ``tau``) apply, then
-    ``fn(flip, indices, mu)`` returns (chosen indices, their new labels) for one noisy client at
-    level ``mu`` (``flip``: the labels, rng and options, ``noise._Flipper``); ``group``: usable as a
-    ``noise=mixed`` group's kind; ``share(mean_mu, noise, num_classes, classes)``: the expected share
-    of a noisy client's labels that really change (the nominal noise rate; None: unknown). A kind
-    without levels (``mixed``, real noise) is applied by ``fn`` as a whole (see noise.add_noise).
+    Noise kinds come in three forms, told apart by what the declaration carries:
+
+    - on FedCorr Eq. 4's per-client levels (``rho``, ``tau``; the default): ``fn(flip, indices, mu)``
+      returns (chosen indices, their new labels) for one noisy client at level ``mu`` (``flip``: the
+      labels, rng and switches, ``noise._Flipper``); ``group``: usable as a group's kind of a kind
+      with ``groups``; ``share(lo, hi, noise, num_classes, classes)``: the expected share of a noisy
+      client's labels that really change for mu ~ U(lo, hi) (the nominal noise rate; None: unknown);
+    - with ``groups(noise)`` (``mixed``): the config's client groups, a list of {kind, share, level};
+      ``fn(noise, num_clients, rng)`` returns (kind per client, mu per client), and each noisy client
+      is then corrupted by its kind on Eq. 4's levels;
+    - with ``real(noise)`` (real noise, ``cifarn``): ``fn(labels, client_indices, noise, clean)``
+      replaces the labels as a whole and returns (observed labels, oracle); ``real(noise)`` is its
+      published share of wrong labels (None: unknown); every client counts as noisy.
+
+    ``space(source, noise)`` (any noise kind): the label space the kind's labels live in (CIFAR-100N's
+    coarse set: the 20 super-classes); default: the source's.
     """
 
     name: str
@@ -49,9 +59,16 @@ class Kind:
     setting: tuple[str, ...] = ()
     setting_of: Callable[[Mapping], dict] | None = None
     label: Callable[[Mapping, Callable[[Any], str]], str] | None = None
-    levels: bool = True
     group: bool = False
     share: Callable | None = None
+    groups: Callable[[Mapping], list] | None = None
+    real: Callable[[Mapping], float | None] | None = None
+    space: Callable | None = None
+
+    @property
+    def levels(self) -> bool:
+        """A noise kind on Eq. 4's levels (``fn`` corrupts one noisy client)."""
+        return self.groups is None and self.real is None
 
     def settings(self, node: Mapping) -> dict:
         """The setting keys of this kind from a (resolved) config node."""
