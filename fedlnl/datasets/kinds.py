@@ -11,8 +11,9 @@ declaration carries everything the rest of the suite reads about the kind:
   kind on Eq. 4's levels is labelled by its (rho, tau) instead.
 
 A new kind is therefore one decorated function plus its YAML (``conf/partition/<kind>.yaml`` or
-``conf/noise/<kind>.yaml`` with ``kind: <kind>``); a kind defined outside fedlnl registers when its
-module is imported. The built-in kinds come first, then the others in registration order: the order
+``conf/noise/<kind>.yaml`` with ``kind: <kind>``). A kind defined in a package of its own registers
+when its module is imported: the package names that module in the ``fedlnl.kinds`` entry-point group
+(``ENTRY_POINTS``), which every process (runner, report, sweep workers) loads on the first lookup. The built-in kinds come first, then the others in registration order: the order
 of the ``allowed ...`` lists in errors.
 
 Pure Python on purpose: the report reads labels and setting keys from here without torch.
@@ -21,10 +22,14 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
+from importlib.metadata import entry_points
 from typing import Any, Callable, Mapping
 
 #: the modules that define the built-in kinds, imported on the first lookup
 BUILTIN_MODULES = ("fedlnl.datasets.partition", "fedlnl.datasets.noise")
+#: the entry-point group through which an installed package registers its own kinds: each entry
+#: names a module whose decorated functions register on import (docs/adding-a-kind.md)
+ENTRY_POINTS = "fedlnl.kinds"
 
 
 @dataclass(frozen=True)
@@ -83,11 +88,12 @@ class Kind:
 _PARTITIONS: dict[str, Kind] = {}
 _NOISES: dict[str, Kind] = {}
 _loaded = False
+_outside_loaded = False
 
 
 def _register(table: dict[str, Kind], what: str, name: str, **spec) -> Callable:
     def decorator(fn: Callable) -> Callable:
-        _load()  # the built-in kinds first, so they lead every list of allowed kinds
+        _builtins()  # the built-in kinds first, so they lead every list of allowed kinds
         if name in table and table[name].fn is not fn:
             raise ValueError(f"{what} kind {name!r} is registered twice ({table[name].fn.__module__} and "
                              f"{fn.__module__})")
@@ -111,12 +117,28 @@ def unregister(group: str, name: str) -> None:
     {"partition": _PARTITIONS, "noise": _NOISES}[group].pop(name, None)
 
 
-def _load() -> None:
+def _builtins() -> None:
     global _loaded
     if not _loaded:
         _loaded = True
         for module in BUILTIN_MODULES:
             importlib.import_module(module)
+
+
+def _load() -> None:
+    """The built-in kinds, then the modules installed packages name in the ``fedlnl.kinds`` group
+    (after the built-in modules have finished importing, which outside modules may import from)."""
+    global _outside_loaded
+    _builtins()
+    if not _outside_loaded:
+        _outside_loaded = True
+        for entry in entry_points(group=ENTRY_POINTS):
+            try:
+                entry.load()
+            except Exception as err:  # noqa: BLE001  (an outside module may raise anything on import)
+                reason = str(err).strip().splitlines()[0] if str(err).strip() else ""
+                raise ValueError(f"{ENTRY_POINTS} entry point {entry.name} = {entry.value} failed to import: "
+                                 f"{type(err).__name__}: {reason}") from err
 
 
 def partitions() -> dict[str, Kind]:
