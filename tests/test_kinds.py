@@ -29,6 +29,17 @@ def to_zero(flip, ix, mu):
     return chosen, np.zeros(len(chosen), dtype=np.int64)
 
 
+def kind_yamls(conf, partition: str, options: str, noise: str):
+    """A config folder with ``partition/<partition>.yaml`` (its ``options``) and ``noise/<noise>.yaml``
+    (rho and tau from a ``rho_tau`` pair, as the built-in kinds on Eq. 4's levels)."""
+    (conf / "partition").mkdir(parents=True)
+    (conf / "noise").mkdir()
+    (conf / "partition" / f"{partition}.yaml").write_text(f"kind: {partition}\n{options}\n")
+    (conf / "noise" / f"{noise}.yaml").write_text(
+        f"kind: {noise}\nrho_tau: null\nrho: ${{item:${{.rho_tau}},0,0.0}}\ntau: ${{item:${{.rho_tau}},1,0.0}}\n")
+    return conf
+
+
 @pytest.fixture
 def toy_kinds(tmp_path):
     """The two functions registered, the two YAMLs in a config folder of their own."""
@@ -36,13 +47,7 @@ def toy_kinds(tmp_path):
                          label=lambda s, fmt: f"halves ({fmt(s.get('first'))})")(halves)
     kinds.noise_kind("to_zero", keys=("rho", "tau", "rho_tau"), check=check_levels,
                      share=lambda lo, hi, noise, m, classes: (lo + hi) / 2 * (1 - 1 / m))(to_zero)
-    conf = tmp_path / "conf"
-    (conf / "partition").mkdir(parents=True)
-    (conf / "noise").mkdir()
-    (conf / "partition" / "halves.yaml").write_text("kind: halves\nfirst: 0.5\n")
-    (conf / "noise" / "to_zero.yaml").write_text(
-        "kind: to_zero\nrho_tau: null\nrho: ${item:${.rho_tau},0,0.0}\ntau: ${item:${.rho_tau},1,0.0}\n")
-    yield conf
+    yield kind_yamls(tmp_path / "conf", "halves", "first: 0.5", "to_zero")
     kinds.unregister("partition", "halves")
     kinds.unregister("noise", "to_zero")
 
@@ -153,12 +158,7 @@ def test_an_outside_package_registers_its_kinds_through_the_entry_point_group(tm
     info.mkdir()
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: outside-kinds\nVersion: 0.1\n")
     (info / "entry_points.txt").write_text(f"[{kinds.ENTRY_POINTS}]\noutside = outside_kinds\n")
-    conf = site / "conf"
-    (conf / "partition").mkdir(parents=True)
-    (conf / "noise").mkdir()
-    (conf / "partition" / "blocks.yaml").write_text("kind: blocks\nshift: 1\n")
-    (conf / "noise" / "to_last.yaml").write_text(
-        "kind: to_last\nrho_tau: null\nrho: ${item:${.rho_tau},0,0.0}\ntau: ${item:${.rho_tau},1,0.0}\n")
+    conf = kind_yamls(site / "conf", "blocks", "shift: 1", "to_last")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")])}
 
     def run(name, *overrides):
