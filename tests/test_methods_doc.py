@@ -230,7 +230,8 @@ def test_the_comment_check_finds_a_per_key_comment(tmp_path, monkeypatch, tables
     num = tables["fednoro"]["num"]
     for edit, problem in [
         (("lambda_: 0.8", "lambda_: 0.8   # a, the KD weight"), "fednoro.lambda_: a comment after the value"),
-        (("kd_temperature:", "# T dividing the teacher's logits\nkd_temperature:"), "fednoro.kd_temperature: a comment above"),
+        (("kd_temperature:", "# T dividing the teacher's logits\nkd_temperature:"),
+         "fednoro.kd_temperature: a comment above"),
         (("# Each key: FedNoRoParams", "# Each key: FedNoRo's"), "the header does not point to FedNoRoParams"),
     ]:
         (tmp_path / "method" / "fednoro.yaml").write_text(text.replace(*edit, 1), encoding="utf-8")

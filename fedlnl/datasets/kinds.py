@@ -13,7 +13,8 @@ declaration carries everything the rest of the suite reads about the kind:
 A new kind is therefore one decorated function plus its YAML (``conf/partition/<kind>.yaml`` or
 ``conf/noise/<kind>.yaml`` with ``kind: <kind>``). A kind defined in a package of its own registers
 when its module is imported: the package names that module in the ``fedlnl.kinds`` entry-point group
-(``ENTRY_POINTS``), which every process (runner, report, sweep workers) loads on the first lookup. The built-in kinds come first, then the others in registration order: the order
+(``ENTRY_POINTS``), which every process (runner, report, sweep workers) loads on the first lookup.
+The built-in kinds come first, then the others in registration order: the order
 of the ``allowed ...`` lists in errors.
 
 Pure Python on purpose: the report reads labels and setting keys from here without torch.

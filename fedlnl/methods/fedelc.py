@@ -168,8 +168,8 @@ class FedELC(FedAvg):
     # ------------------------------------------------------------------ server
     def aggregate(self, state, updates, ctx):
         stage2 = state["noisy"] is not None
-        metrics = two_stage_aggregate(state, updates, ctx, self.warmup_rounds, lambda: detect_clients(self, state, ctx, "fedelc"),
-                                      self.daagg, self.distance)
+        metrics = two_stage_aggregate(state, updates, ctx, self.warmup_rounds,
+                                      lambda: detect_clients(self, state, ctx, "fedelc"), self.daagg, self.distance)
         if stage2:
             metrics["stage"] = "correction"
             semisup.report_flags(ctx, state["flags"].values())

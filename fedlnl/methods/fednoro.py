@@ -94,8 +94,8 @@ import torch.nn.functional as F
 from fedlnl.conf.checks import choice, flag, integer, number, positive
 from fedlnl.methods.common import engine
 from fedlnl.methods.common.noisyclients import (  # noqa: F401  (the shared pieces, re-exported)
-    DISTANCES, GMM_SEEDS, adjustment, daagg_weights, detect_clients, detect_noisy_clients, gmm_noisy, gmm_seed_list, la_loss,
-    model_distance, normalise_columns, per_class_losses, two_stage_aggregate)
+    DISTANCES, GMM_SEEDS, adjustment, daagg_weights, detect_clients, detect_noisy_clients, gmm_noisy, gmm_seed_list,
+    la_loss, model_distance, normalise_columns, per_class_losses, two_stage_aggregate)
 from fedlnl.methods.common.noisyclients import DetectionParams
 from fedlnl.methods.common.params import param, rule
 from fedlnl.methods.fedavg import FedAvg
