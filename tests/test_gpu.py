@@ -4,6 +4,9 @@ Every method exactly two rounds on the device (stopped after its second round as
 stop it); one strict cell run twice, in two processes, compared byte for byte; a killed run resumed
 exactly; host placement equal to device placement; a cell started on the CPU, complete or killed,
 refused on CUDA. The policy behind it is tested on the CPU in test_gpu_policy.py.
+
+``FEDLNL_GPU_TIER_DEVICE=cpu pytest -m gpu tests/test_gpu.py`` runs the tier's own logic on the CPU
+(a check of these tests, not of a GPU: the refusal on CUDA needs a device and is skipped).
 """
 from __future__ import annotations
 
@@ -16,7 +19,8 @@ import sys
 import pytest
 import torch
 
-if not torch.cuda.is_available():
+DEVICE = os.environ.get("FEDLNL_GPU_TIER_DEVICE", "cuda")
+if DEVICE == "cuda" and not torch.cuda.is_available():
     pytest.skip("no CUDA device", allow_module_level=True)
 
 from conftest import compose_cfg, method_names  # noqa: E402
@@ -25,7 +29,6 @@ from test_robustness import cli  # noqa: E402
 from fedlnl.benchmark import runner as runmod  # noqa: E402
 
 pytestmark = pytest.mark.gpu
-DEVICE = "cuda"
 TINY = ["debug=tiny", "logger=none", "threads=1", "noise.rho_tau=[0.6,0.5]"]
 
 
@@ -123,6 +126,8 @@ def test_a_killed_run_resumes_exactly_on_the_device(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("left", ["complete", "killed"])
 def test_a_cell_started_on_the_cpu_is_not_continued_on_cuda(tmp_path, monkeypatch, left):
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device (the tier runs on the CPU: FEDLNL_GPU_TIER_DEVICE=cpu)")
     run_dir = tmp_path / "run"
     if left == "complete":
         run_cli(tmp_path, run_dir, "method=fedavg", "device=cpu")
