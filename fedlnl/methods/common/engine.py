@@ -363,8 +363,9 @@ def train_steps(model: nn.Module, opt: torch.optim.Optimizer, gen: torch.Generat
     draws from (``layers.random_source``) are then restored and the pass replayed with the per-step
     check (``sgd_step``), which stops before stepping on the first non-finite loss and returns the
     losses up to and including it: the weights, losses and random draws (shuffles, augmentation,
-    dropout masks) of a pass that checked every step. ``losses()`` must therefore be repeatable from ``gen`` alone (every loss function
-    here is; one that keeps state across batches outside ``gen`` would see its state advanced twice).
+    dropout masks) of a pass that checked every step. ``losses()`` must therefore be repeatable from
+    those generators alone (every loss function here is; one that keeps state across batches outside
+    them would see its state advanced twice).
     """
     start = (get_weights(model), copy.deepcopy(opt.state_dict()), gen.get_state(), layers.source_state())
     _DEVICE_GENS.pop(gen, None)  # a device generator for ``gen`` is made anew from ``gen`` in each pass
