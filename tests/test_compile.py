@@ -55,7 +55,7 @@ def runs(tmp_path_factory):
 
 def test_the_step_compiles_once_and_no_client_or_round_compiles_again(runs):
     (fast, _), seen = runs[0]["compiled"], runs[1]
-    assert fast["status"] == "complete" and fast["identity"]["compile"] == "default"
+    assert fast["status"] == "complete" and fast["compile"] == "default"
     assert len(seen) == ROUNDS * COHORT
     # the cross-entropy step (forward + loss, its backward with it) and the SGD update's two graphs
     # (first step: no momentum buffers yet; later steps), all made during the first client's update
@@ -66,7 +66,7 @@ def test_the_step_compiles_once_and_no_client_or_round_compiles_again(runs):
 
 def test_compiled_numbers_equal_eager_ones_within_float_tolerance(runs):
     (eager, eager_rows), (fast, fast_rows) = runs[0]["eager"], runs[0]["compiled"]
-    assert eager["identity"]["compile"] is None
+    assert eager["compile"] is None
     assert fast["local_steps"] == eager["local_steps"] > 0  # every step counted (the optimiser's step hooks)
     assert len(fast_rows) == len(eager_rows) == ROUNDS
     # the same weights, batches and draws: fused kernels change the last bits, which grow over the

@@ -74,8 +74,8 @@ class Runner:
         self.device = device.place(cfg)
         self.identity = device.identity(self.device, str(cfg.get("determinism", "strict")))
         # the torch.compile mode of the local step (None = eager): what ran, beside the config's key
-        self.identity["compile"] = compiled.mode(bool(cfg.get("compile", False)), self.device)
-        if self.identity["compile"] and compiled.check(self.device):
+        self.compile_mode = compiled.mode(bool(cfg.get("compile", False)), self.device)
+        if self.compile_mode and compiled.check(self.device):
             raise ConfigError(compiled.check(self.device))
         cell = preflight.build_cell(cfg, self.method, model_name(cfg), self.device)  # raises ConfigError
         self.fed, self.info, self.model, self.total = cell.fed, cell.info, cell.model, cell.total
@@ -95,7 +95,7 @@ class Runner:
         log.info("effective: %s", json.dumps(self.effective, sort_keys=True))
         log.info("device %s, %d torch threads", self.device, torch.get_num_threads())
         log.info("GPU: %s, determinism %s, training images on the %s, local step %s", self.identity["gpu"] or "none",
-                 self.identity["determinism"], where, f"compiled ({self.identity['compile']})" if self.identity["compile"] else "eager")
+                 self.identity["determinism"], where, f"compiled ({self.compile_mode})" if self.compile_mode else "eager")
 
     def view(self, k: int) -> ClientView:
         idx = torch.arange(self.labels.numel(), device=self.device) if k == ALL_CLIENTS else self.client_idx[k]
@@ -291,7 +291,7 @@ class Runner:
             "federation_hash": self.fed.hash, "federation": federation_stats(self.fed),
             "detection": dict(self.scorer.latest), "git_commit": git_commit(),
             "setting": setting_of(self.resolved), "config": self.resolved, "config_hash": self.hash,
-            "device": str(self.device), "identity": self.identity,
+            "device": str(self.device), "identity": self.identity, "compile": self.compile_mode,
         }
         sinks.summary(summary)
         sinks.close(status)
