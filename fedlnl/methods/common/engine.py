@@ -39,7 +39,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedlnl.methods.common import placement
+from fedlnl.methods.common import compiled, placement
 from fedlnl.methods.common.protocol import OPTIMIZERS, ClientUpdate, Optim
 from fedlnl.models import layers
 
@@ -227,7 +227,7 @@ def optimizer(model: nn.Module, optim: Optim) -> torch.optim.Optimizer:
     reference codes keep no optimiser state across rounds)."""
     params = model.parameters()
     if optim.name == "sgd":
-        return torch.optim.SGD(params, lr=optim.lr, momentum=optim.momentum, weight_decay=optim.weight_decay)
+        return compiled.sgd_class()(params, lr=optim.lr, momentum=optim.momentum, weight_decay=optim.weight_decay)
     if optim.name == "adam":
         return torch.optim.Adam(params, lr=optim.lr, betas=tuple(optim.betas), weight_decay=optim.weight_decay)
     raise ValueError(f"optimizer {optim.name!r} is unknown: allowed {', '.join(OPTIMIZERS)}")
@@ -392,6 +392,7 @@ def train_steps(model: nn.Module, opt: torch.optim.Optimizer, gen: torch.Generat
 LossFn = Callable[[nn.Module, torch.Tensor, torch.Tensor, int, torch.Generator], torch.Tensor]
 
 
+@compiled.pure
 def ce_loss(model, xb, yb, step, gen):
     return F.cross_entropy(model(xb), yb)
 
@@ -421,6 +422,7 @@ def local_train(
     """
     model.train()
     fmt = memory_format(model, data.device)
+    loss_fn = compiled.loss(loss_fn, batch_size)  # ``compile: true``: the compiled step where it applies
 
     def losses():
         device_generator(gen, idx.device, fresh=True)  # replayed from ``gen`` alone (train_steps)
