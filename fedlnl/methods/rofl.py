@@ -42,6 +42,12 @@ Implementation notes
   refused before any cell trains, asking for a number.
 - Round counting: t = ``ctx.round`` − the round ``init`` was called in, so the forget-rate and λ_cen
   schedules, the centroid initialisation and T_pl restart if RoFL runs as a later stage.
+- The correction phase is self-training: a kept sample whose centroid label disagrees with its given
+  label trains on the global model's own argmax, and λ_e·L_e sharpens those predictions. On a weak
+  global model it collapses towards a few classes, in paper and reference fidelity alike:
+  ``experiment=reproduce_small`` (LeNet-5, T_pl = 8 on a 41 % model, ``rofl_agree`` near 0.25 even on
+  clean labels) loses accuracy every round after T_pl (docs/rofl_small.md; the same formulas as the
+  reference code, checked side by side on fixed tensors there).
 - Guards the reference lacks (documented deviations): at least one sample is kept per batch (the
   reference would average an empty CE → NaN on a batch of 1); a class whose similarity sum is exactly
   0 or non-finite at the server (e.g. absent from every selected client in the first round) keeps its
