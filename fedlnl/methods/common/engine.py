@@ -21,8 +21,11 @@ Speed notes:
   once per local update from it). Per-batch scalars a method needs on the host (mixup's λ, FedLSR's
   ω) come from the host generator (``host_draw``), which never waits for the device.
 - Per-parameter terms (the proximal term, FedDyn's linear term) run fused across the parameter
-  tensors (``torch._foreach_*``) with the per-tensor sums kept in order, so their values and
-  gradients equal the per-tensor expressions bit for bit (``prox_sq``, ``linear_term``).
+  tensors (``torch._foreach_*``): one sum per tensor into a reused buffer, added in order by one op
+  (``sums_in_order``), and the gradient added to ``.grad`` after the backward pass by one op
+  (``_add_to_grads_after_backward``), so their values and gradients equal the per-tensor
+  expressions bit for bit (``prox_penalty``, ``prox_sq``, ``linear_term``) at about n + 10 ops a
+  step for n parameter tensors instead of about 4n.
   ``benchmarks/steps.py`` counts host reads, device moves and dispatched ops per step of every method.
 """
 from __future__ import annotations
