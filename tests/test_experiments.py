@@ -60,3 +60,20 @@ def test_a_cell_of_each_experiment_runs_under_debug_tiny(tmp_path, name):
     assert s["status"] == "complete" and s["rounds_run"] == s["total_rounds"]
     rows = [json.loads(line) for line in (tmp_path / "cell" / "metrics.jsonl").read_text().splitlines()]
     assert len(rows) >= 1 and all(0.0 <= r["acc"] <= 1.0 for r in rows if "acc" in r)
+
+
+@pytest.mark.parametrize("name", [n for n in EXPERIMENTS
+                                  if OmegaConf.load(CONF / "experiment" / f"{n}.yaml").get("preset")])
+def test_an_experiment_preset_ships_reference_rows_of_its_own_cells(name):
+    """The report finds the paper numbers of an experiment with a ``preset`` (packaged CSV), and every
+    row names a swept method and a swept noise cell, so the ordering agreement compares like cells."""
+    from fedlnl.benchmark.report.reference import packaged_reference, read_reference
+
+    spec = OmegaConf.load(CONF / "experiment" / f"{name}.yaml")
+    path = packaged_reference(spec.preset)
+    assert path is not None, f"{name}: no fedlnl/benchmark/reference/{spec.preset}.csv"
+    ref = read_reference(path)
+    noise = {tuple(float(x) for x in cell.strip("[]").split(","))
+             for cell in str(spec.hydra.sweeper.params["noise.rho_tau"]).replace("],[", "] [").split()}
+    assert len(ref) > 0 and set(ref["method"]) <= set(swept_methods(name))
+    assert {(float(r), float(t)) for r, t in zip(ref["rho"], ref["tau"])} <= noise
