@@ -16,6 +16,8 @@ part is applied through SGD's weight decay (α_k + wd), exactly as the official 
 is added after clipping. The cloud model is θ^t = avg_P(θ_k) + h_bar.
 
 Implementation notes
+- Without clipping the decay is added to the gradient by ``FusedDecay``: one op across the
+  parameter tensors, the optimiser's own per-tensor decay (grad + λ·θ) bit for bit.
 - h[k] lives in the method state keyed by client id (client memory), on the CPU, created lazily
   (zero until a client first trains). Memory: one parameter copy per client that has trained
   (ResNet-18 × 100 clients ≈ 4.5 GB, as the official code's ``local_param_list``).

@@ -275,7 +275,8 @@ def sums_in_order(ts: list[torch.Tensor]) -> torch.Tensor:
     tensor's sum (the same reduction kernel) written into a slot of one reused buffer, and the slots
     added in order onto 0 by one ``index_add`` with every index 0. On the CPU ``index_add`` into one
     element accumulates serially in the tensor's dtype, exactly 0 + s_1 + s_2 + … (tested against
-    ``ordered_sum``); on CUDA it adds with atomics (deterministic under ``determinism=strict``)."""
+    ``ordered_sum``); on CUDA it adds with atomics (deterministic under ``determinism=strict``, else
+    the value's last bits may vary). No autograd (``out=``): for the terms' ``forward``."""
     t0 = ts[0]
     key = (t0.device, t0.dtype, len(ts))
     if key not in _SUM_SLOTS:
