@@ -25,13 +25,15 @@ Speed notes:
   (``sums_in_order``), and the gradient added to ``.grad`` after the backward pass by one op
   (``_add_to_grads_after_backward``), so their values and gradients equal the per-tensor
   expressions bit for bit (``prox_penalty``, ``prox_sq``, ``linear_term``) at about n + 10 ops a
-  step for n parameter tensors instead of about 4n.
+  step for n parameter tensors (a sum each), not 3 per tensor (+ an in-order add, + autograd's
+  accumulation of a second gradient).
   ``benchmarks/steps.py`` counts host reads, device moves and dispatched ops per step of every method.
 """
 from __future__ import annotations
 
 import copy
 import math
+import threading
 import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -278,7 +280,7 @@ def sums_in_order(ts: list[torch.Tensor]) -> torch.Tensor:
     ``ordered_sum``); on CUDA it adds with atomics (deterministic under ``determinism=strict``, else
     the value's last bits may vary). No autograd (``out=``): for the terms' ``forward``."""
     t0 = ts[0]
-    key = (t0.device, t0.dtype, len(ts))
+    key = (t0.device, t0.dtype, len(ts), threading.get_ident())  # a buffer per thread: no shared writes
     if key not in _SUM_SLOTS:
         buf = torch.zeros(len(ts), dtype=t0.dtype, device=t0.device)
         _SUM_SLOTS[key] = (buf, buf.unbind(), torch.zeros(1, dtype=t0.dtype, device=t0.device),
