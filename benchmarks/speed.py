@@ -7,7 +7,13 @@ One client epoch of LeNet-5 on 500 random 3x32x32 images, batch 10, SGD momentum
   loader   torchvision per-sample PIL transforms (RandomCrop 32 pad 4, flip, ToTensor, Normalize)
            through a DataLoader (num_workers=0), the reference codes' data path
 Prints the median of several repeats and the ratios runner/bare and loader/runner.
-Usage: python benchmarks/speed.py [--repeats 5] [--samples 500] [--threads N]
+
+Then the compiled step (``compile: true``, ``fedlnl/methods/common/compiled.py``) against the eager one:
+the runner's path (crop+flip) on one working model reset to the same weights before each epoch, as
+the runner loads each client's global weights; eager epochs before and after the compiled ones
+(pooled median, so drift shows in neither alone), the compiled epochs after the first, and the first
+compiled epoch's extra time (compilation). ``--no-compile`` skips it.
+Usage: python benchmarks/speed.py [--repeats 5] [--samples 500] [--threads N] [--no-compile]
 """
 from __future__ import annotations
 
@@ -22,7 +28,7 @@ from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 from torchvision import transforms
 
-from fedlnl.methods.common import engine
+from fedlnl.methods.common import compiled, engine
 from fedlnl.methods.common.protocol import Optim
 from fedlnl.models.lenet import LeNet
 
@@ -94,12 +100,39 @@ def time_loader(x_u8, y, bs):
     return time.perf_counter() - t
 
 
+def compare_compiled(x_u8, y, bs, repeats):
+    """Seconds per client epoch, eager (before and after) and compiled, and the first compiled epoch."""
+    model = new_model()
+    start = engine.get_weights(model)
+    data = engine.TensorData.build(x_u8, MEAN, STD, {"crop": 32, "pad": 4, "flip": True}, "cpu")
+    idx = torch.arange(len(y))
+
+    def epoch():
+        engine.set_weights(model, start)
+        t = time.perf_counter()
+        engine.local_train(model, data, idx, y, epochs=1, batch_size=bs, optim=Optim("sgd", 0.01, 0.0, 0.5),
+                           gen=torch.Generator().manual_seed(0))
+        return time.perf_counter() - t
+
+    epoch()  # warm-up
+    eager = [epoch() for _ in range(repeats)]
+    compiled.begin(True, "cpu")
+    try:
+        first = epoch()
+        fast = [epoch() for _ in range(repeats)]
+    finally:
+        compiled.end()
+    eager += [epoch() for _ in range(repeats)]
+    return statistics.median(eager), statistics.median(fast), first
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--samples", type=int, default=500)
     ap.add_argument("--batch-size", type=int, default=10)
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = leave as is)")
+    ap.add_argument("--no-compile", action="store_true", help="skip the eager / compiled comparison")
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -122,6 +155,15 @@ def main(argv=None):
     print(f"  no-aug / bare   = {med['no-aug'] / med['bare']:.2f}x  (the same path without augmentation: "
           f"the runner's own overhead)")
     print(f"  loader / runner = {med['loader'] / med['runner']:.2f}x  (speed-up over a per-sample DataLoader)")
+    if args.no_compile:
+        return
+    eager, fast, first = compare_compiled(x, y, args.batch_size, args.repeats)
+    print(f"compiled local step (compile: true) vs eager, same path and weights, median of {args.repeats} "
+          f"(eager: {2 * args.repeats}, before and after)")
+    print(f"  eager    {eager * 1000:8.1f} ms per client epoch")
+    print(f"  compiled {fast * 1000:8.1f} ms per client epoch")
+    print(f"  eager / compiled = {eager / fast:.2f}x  (> 1: the compiled step is faster)")
+    print(f"  compilation: first compiled epoch {first:.1f} s, {first - fast:.1f} s more than a compiled epoch")
 
 
 if __name__ == "__main__":

@@ -8,7 +8,6 @@ import torch
 from conftest import build_method, compose_cfg, run_tiny
 from fedlnl.methods import fedcorr
 from fedlnl.methods.fedcorr import FT, PRE, USUAL, schedule
-from fedlnl.methods.common.protocol import ClientView
 
 NOISY = ["noise.rho=0.5", "noise.tau=0.5"]
 
@@ -57,42 +56,36 @@ def test_total_rounds_of_the_configured_method():
     assert make("dataset=cifar10", "method.fine_tuning=false", "method.usual_training=false").total_rounds(info(100)) == 500
 
 
+def _plan(m, n, rng):
+    return fedcorr.stage1_plan(n, m.fl.frac, m.params, rng)
+
+
 def test_stage1_plans_cover_clients():
     rng = np.random.default_rng(0)
-    seq = make()._stage1_plan(7, rng)
+    seq = _plan(make(), 7, rng)
     assert [len(s) for s in seq] == [1] * 7 and sorted(sum(seq, [])) == list(range(7))
-    chunks = make("method.fraction_scheduling=false", "fl.frac=0.3")._stage1_plan(10, rng)
+    chunks = _plan(make("method.fraction_scheduling=false", "fl.frac=0.3"), 10, rng)
     assert [len(s) for s in chunks] == [3, 3, 3, 1] and sorted(sum(chunks, [])) == list(range(10))
-    ref = make("method.fraction_scheduling=false", "fl.frac=0.3", "fidelity=reference")._stage1_plan(10, rng)
+    ref = _plan(make("method.fraction_scheduling=false", "fl.frac=0.3", "fidelity=reference"), 10, rng)
     assert [len(s) for s in ref] == [3, 3, 3]
     for i, a in enumerate(ref):  # a client may repeat within a sub-round, never across sub-rounds
         for b in ref[i + 1:]:
             assert not set(a) & set(b)
 
 
-# ----------------------------------------------------------------------------- relabel wiring
-class _Ctx:
-    def __init__(self, views):
-        self._views, self.relabels = views, []
-
-    def views(self, k):
-        return self._views[k]
-
-    def relabel(self, idx, new):
-        self.relabels.append((idx.tolist(), new.tolist()))
-
-
-def _view(k, n, labels=None):
-    idx = torch.arange(100 * k, 100 * k + n)
-    lab = torch.zeros(n, dtype=torch.long) if labels is None else labels
-    return ClientView(k, idx, lab, None)
-
-
+# ----------------------------------------------------------------------------- relabel choices
 # global model: p(class 0 = the observed label) per sample; most of the rest on class 1
 P0 = torch.tensor([0.05, 0.02, 0.08, 0.01, 0.001, 0.001, 0.3, 0.3])
 GLOBAL_LOGITS = torch.stack([P0, 0.97 - P0, torch.full_like(P0, 0.03)], 1).log()
 LOCAL_LOSS = torch.tensor([0.1, 0.4, 0.3, 0.2, 0.0, 0.0, 5.0, 4.0])
 GMM_NOISY = torch.tensor([True, True, True, True, False, False, False, False])
+
+
+def _relabelled(m, mu_hat=0.5):
+    """Positions stage 1 relabels on the toy client (labels all 0) and their new labels."""
+    mask = fedcorr.stage1_relabel_mask(m.params, GLOBAL_LOGITS, torch.zeros(8, dtype=torch.long), GMM_NOISY,
+                                       LOCAL_LOSS, mu_hat)
+    return mask.nonzero().flatten().tolist(), GLOBAL_LOGITS.argmax(1)[mask].tolist()
 
 
 @pytest.mark.parametrize("rank_model, rank_pool, expected", [
@@ -103,44 +96,35 @@ GMM_NOISY = torch.tensor([True, True, True, True, False, False, False, False])
 ])
 def test_stage1_relabel_ranking_model_and_pool(rank_model, rank_pool, expected):
     m = make(f"method.rank_model={rank_model}", f"method.rank_pool={rank_pool}", "method.loss_on=logits")
-    m._global_predict = lambda state, view, ctx, key: GLOBAL_LOGITS
-    ctx = _Ctx({0: _view(0, 8)})
-    n = m._stage1_relabel({"losses": {0: LOCAL_LOSS}}, {0: GMM_NOISY}, ctx)
-    assert n == 2 and ctx.relabels == [(expected, [1, 1])]
+    assert _relabelled(m) == (expected, [1, 1])
 
 
 def test_stage1_relabel_share_and_threshold():
     probs = GLOBAL_LOGITS.softmax(1)
-    ctx = _Ctx({0: _view(0, 8)})
-    m = make("method.pi_=1.0")  # all 4 GMM-noisy samples are candidates
-    m._global_predict = lambda state, view, ctx, key: GLOBAL_LOGITS
-    m._stage1_relabel({"losses": {0: LOCAL_LOSS}}, {0: GMM_NOISY}, ctx)
-    assert ctx.relabels[-1][0] == [0, 1, 2, 3]
+    assert _relabelled(make("method.pi_=1.0"))[0] == [0, 1, 2, 3]  # all 4 GMM-noisy samples are candidates
     # θ equal to sample 2's confidence: ≥ keeps it and the more confident ones; > drops it
     theta = float(probs[2].max())
     for strict, kept in ((False, [0, 1, 2, 3]), (True, [0, 1, 3])):
         m = make("method.pi_=1.0", f"method.theta={theta}", f"method.strict_threshold={str(strict).lower()}")
-        m._global_predict = lambda state, view, ctx, key: GLOBAL_LOGITS
-        ctx = _Ctx({0: _view(0, 8)})
-        m._stage1_relabel({"losses": {0: LOCAL_LOSS}}, {0: GMM_NOISY}, ctx)
-        assert ctx.relabels[-1][0] == kept
+        assert _relabelled(m)[0] == kept
+
+
+def test_stage1_relabel_cap_of_the_code_counts_mu_hat():
+    """relabel_cap=mu_hat: int(n_k·μ̂_k·π) candidates (the code) instead of ⌊π·|D_k^n|⌋."""
+    m = make("method.pi_=1.0", "method.relabel_cap=mu_hat", "method.rank_pool=all", "method.rank_model=local")
+    assert _relabelled(m, mu_hat=0.25)[0] == [6, 7]  # int(8 · 0.25 · 1) = 2: the two largest local losses
 
 
 @pytest.mark.parametrize("fidelity, clients", [("paper", [2]), ("reference", [1, 2])])
 def test_stage2_relabel_targets(fidelity, clients):
     m = make(f"fidelity={fidelity}")
-    m._global_predict = lambda state, view, ctx, key: GLOBAL_LOGITS
-    ctx = _Ctx({k: _view(k, 8) for k in range(3)})
-    state = {"mu_hat": np.array([0.0, 0.05, 0.3]), "noisy": np.array([False, True, True])}
-    m._finetune_relabel(state, ctx)
-    assert [idx[0] // 100 for idx, _ in ctx.relabels] == clients
-    assert all(len(idx) == 8 for idx, _ in ctx.relabels)  # every confident sample (all > 0.5 here)
+    assert fedcorr.finetune_targets(m.params, np.array([0.0, 0.05, 0.3]), np.array([False, True, True])) == clients
 
 
 def test_kappa_comparison():
     mu = np.array([0.0, 0.1, 0.2])
-    assert make()._clean(mu).tolist() == [True, True, False]
-    assert make("method.kappa_cmp=lt")._clean(mu).tolist() == [True, False, False]
+    assert fedcorr.clean_clients(mu, make().params).tolist() == [True, True, False]
+    assert fedcorr.clean_clients(mu, make("method.kappa_cmp=lt").params).tolist() == [True, False, False]
 
 
 # ----------------------------------------------------------------------------- validation

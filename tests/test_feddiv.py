@@ -117,10 +117,10 @@ def test_default_filter_splits_global_losses_like_the_local_ones_it_was_fitted_o
     for normalize in (True, False):
         meth = _method() if normalize else _method(normalize_losses="false")
         assert meth.normalize_losses is normalize  # True is the default
-        x = meth._filter_input(torch.tensor(local))
+        x = fd.filter_input(torch.tensor(local), meth.normalize_losses)
         f = fd.sort_components(fd.fit_filter(x, None, meth.em_max_iter, meth.em_tol, meth.reg_covar, seed=0))
         noisy = lambda v: 1.0 - fd.passes(fd.clean_posterior(v, f), 0.5, False).mean()  # noqa: E731
-        share[normalize] = (noisy(x), noisy(meth._filter_input(torch.tensor(glob))))
+        share[normalize] = (noisy(x), noisy(fd.filter_input(torch.tensor(glob), meth.normalize_losses)))
     assert share[True][0] == pytest.approx(0.2, abs=0.01)
     assert share[True][1] == share[True][0]
     assert share[False][0] == pytest.approx(0.2, abs=0.01) and share[False][1] == 1.0
@@ -301,7 +301,7 @@ def _client_case(fidelity, **over):
         selected.append([select(e).tolist() for e in range(meth.fl.local_epochs)])
         selected.append(labels.tolist())
         return 0.0
-    meth._local_train = fake_train
+    meth.local_train = fake_train
     up = meth.client_update(state, ClientView(0, torch.arange(10), y, data), ctx)
     return state, up, calls, selected
 

@@ -59,7 +59,7 @@ def test_rampup_weight_follows_the_sigmoid_ramp():
     assert fn.rampup_weight(90, 10, 39, 0.8) == pytest.approx(0.8)
     assert fn.rampup_weight(10, 10, 0, 0.8) == 0.8  # no ramp: λ = a at once
     m = make(fn.FedNoRo, **{**OWN, "lambda_rampup": False})
-    assert m._weight(2) == 0.8
+    assert fn.kd_weight(m.params, 2) == 0.8
 
 
 # ----------------------------------------------------------------------------- detection
@@ -147,7 +147,7 @@ def _toy_federation(augment=None):
 def _detect(ctx, model, **kw):
     m = make(fn.FedNoRo, **{**OWN, "warmup_rounds": 1, **kw})
     state = m.init(model, FederationInfo(6, 4, (20,) * 6, (1, 2, 2), 0), ctx)
-    return m._detect(state, ctx)
+    return fn.detect_clients(m, state, ctx, "fednoro")
 
 
 def test_detection_flags_the_mislabelled_clients_of_a_federation():
@@ -401,9 +401,9 @@ def test_lambda_ramp_starts_at_its_own_key_as_the_codes_begin():
     begin, end) for every round, with begin ≠ T₁."""
     m = make(fn.FedNoRo, **{**OWN, "warmup_rounds": 2, "rampup_begin": 5, "rampup_rounds": 4})
     for t in range(15):
-        assert m._weight(t) == pytest.approx(0.8 * _code_sigmoid_rampup(t, 5, 9), rel=1e-12), t
+        assert fn.kd_weight(m.params, t) == pytest.approx(0.8 * _code_sigmoid_rampup(t, 5, 9), rel=1e-12), t
     tied = make(fn.FedNoRo, **{**OWN, "warmup_rounds": 2, "rampup_begin": 2, "rampup_rounds": 4})
-    assert m._weight(4) < tied._weight(4)  # a ramp tied to T₁ would already have risen
+    assert fn.kd_weight(m.params, 4) < fn.kd_weight(tied.params, 4)  # a ramp tied to T₁ would already have risen
 
 
 def _adam_steps(w, grads, lr, betas, wd, eps=1e-8):

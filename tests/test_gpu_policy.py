@@ -251,20 +251,219 @@ def test_vgg11_trains_the_same_whatever_the_global_rng():
     assert torch.equal(outs[0], outs[1])
 
 
+def test_a_diverged_update_is_replayed_with_the_first_passs_dropout_masks():
+    """A non-finite loss injected at step 3 of 5 makes ``train_steps`` replay the update with the
+    per-step check. The replay must draw what the first pass drew: the shuffle from ``gen`` and the
+    dropout masks from the generator ``random_source`` binds (restored with ``gen``). So the replay's
+    masks and losses equal the first pass's up to the divergence, and its weights are those of a
+    pass that checked every step (run separately from the same seeds)."""
+    import math
+
+    from torch import nn
+
+    from fedlnl.methods.common import engine
+    from fedlnl.models.layers import ClientDropout, random_source
+
+    masks = []
+
+    class Recorded(ClientDropout):
+        def forward(self, x):
+            out = super().forward(x)
+            masks.append(out == 0)
+            return out
+
+    data = torch.Generator().manual_seed(2)
+    x, y = torch.randn(40, 6, generator=data) + 3.0, torch.randint(0, 3, (40,), generator=data)
+
+    def update(checked: bool):
+        torch.manual_seed(0)  # the same initial weights for both runs
+        model = nn.Sequential(nn.Linear(6, 32), nn.ReLU(), Recorded(0.5), nn.Linear(32, 3))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        gen, seen = torch.Generator().manual_seed(1), []
+
+        def losses():
+            for step, pos in enumerate(engine.batches(40, 8, gen)):
+                loss = F.cross_entropy(model(x[pos]), y[pos])
+                seen.append(float(loss.detach()))
+                yield loss * float("inf") if step == 3 else loss  # diverges at step 3, in every pass
+
+        masks.clear()
+        with random_source(torch.Generator().manual_seed(7)):
+            if not checked:
+                return engine.train_steps(model, opt, gen, losses), list(masks), seen, model
+            values = []
+            for loss in losses():  # a pass that checks every step from the start
+                values.append(engine.sgd_step(opt, loss))
+                if not math.isfinite(values[-1]):
+                    break
+            return values, list(masks), seen, model
+
+    values, drawn, seen, model = update(checked=False)
+    assert len(drawn) == 5 + 4 and len(seen) == 5 + 4  # the first pass (5 batches), the replay (4)
+    assert all(torch.equal(a, b) for a, b in zip(drawn[5:], drawn[:4]))  # the same masks again
+    assert not torch.equal(drawn[4], drawn[5])  # (masks do differ from batch to batch)
+    assert seen[5:] == seen[:4] and values[:3] == seen[:3] and math.isinf(values[3])
+    ref_values, ref_masks, _, ref_model = update(checked=True)
+    assert values == ref_values and all(torch.equal(a, b) for a, b in zip(drawn[5:], ref_masks))
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), ref_model.state_dict().values()))
+
+
 # ------------------------------------------------------------------ data placement
-@pytest.mark.parametrize("method", ["fedavg", "rofl"])
-def test_host_placement_gives_byte_identical_metrics(tmp_path, method):
-    """``data_placement=host`` runs its own gather (pinned staging and side-stream copy where CUDA
-    exists) and must give the bytes device placement gives."""
+@pytest.mark.parametrize("method", ["fedavg", "rofl", "dividemix", "fedcorr", "coteaching", "feddyn"])
+def test_host_placement_gives_byte_identical_metrics(tmp_path, monkeypatch, method):
+    """``data_placement=host`` streams every training batch through ``HostImages.stream`` (the
+    prefetch; pinned staging and a side-stream copy where CUDA exists) and must give the bytes device
+    placement gives. The loops covered: ``local_train`` (fedavg, rofl, fedcorr), ``epoch_loop`` and
+    the DivideMix epoch with its unlabeled passes (dividemix), the pair loop (coteaching), FedDyn's."""
+    from fedlnl.methods.common.placement import HostImages
+
+    streamed = []
+    real = HostImages.stream
+
+    def counting(self, batches):
+        for raw in real(self, batches):
+            streamed.append(raw.shape[0])
+            yield raw
+
+    monkeypatch.setattr(HostImages, "stream", counting)
     sums = {}
     for where in ("device", "host"):
         run_dir = tmp_path / where
+        streamed.clear()
         code, out, err = cli([*TINY, "threads=1", f"method={method}", "noise.rho_tau=[0.6,0.5]",
                               f"data_placement={where}", f"hydra.run.dir={run_dir}"], tmp_path)
         assert code == 0, err
         assert f"training images on the {where}" in (run_dir / "run.log").read_text()
         sums[where] = (run_dir / "metrics.jsonl").read_bytes()
+        steps = json.loads((run_dir / "summary.json").read_text())["local_steps"]
+        assert steps > 0 and (len(streamed) >= steps if where == "host" else streamed == [])
     assert sums["host"] == sums["device"]
+
+
+def _host_data(n=20):
+    from fedlnl.methods.common import engine
+
+    x = torch.randint(0, 255, (n, 1, 4, 4), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    return engine.TensorData.build(x, [0.5], [0.25], None, "cpu", "host")
+
+
+def test_the_prefetch_issues_batch_k_plus_1_before_batch_k_steps(monkeypatch):
+    """The order of calls in ``local_train`` under host placement, recorded with the copy wrapped:
+    within a pass, batch k+1's gather and copy (``HostImages._issue``) come before batch k's loss
+    and step. A pass's first batch is issued when the pass starts (its shuffle is drawn then)."""
+    from torch import nn
+
+    from fedlnl.methods.common import engine
+    from fedlnl.methods.common.placement import HostImages
+    from fedlnl.methods.common.protocol import Optim
+
+    data, calls = _host_data(), []
+    first_row = {}
+    real_issue = HostImages._issue
+
+    def issue(self, idx):
+        calls.append(("copy", len([c for c in calls if c[0] == "copy"])))
+        first_row[calls[-1][1]] = int(idx[0])
+        return real_issue(self, idx)
+
+    monkeypatch.setattr(HostImages, "_issue", issue)
+
+    def loss_fn(model, xb, yb, step, gen):
+        calls.append(("loss", step))
+        return F.cross_entropy(model(xb.flatten(1)), yb)
+
+    def opt_fn(model, optim):
+        opt = engine.optimizer(model, optim)
+        opt.register_step_post_hook(lambda *a: calls.append(("step",)))
+        return opt
+
+    model = nn.Linear(16, 3)
+    idx, labels = torch.arange(3, 17), torch.arange(14) % 3  # 14 samples in batches of 4: 4 per pass
+    optim = Optim(name="sgd", lr=0.1, momentum=0.0, weight_decay=0.0)
+    engine.local_train(model, data, idx, labels, epochs=2, batch_size=4, optim=optim, gen=torch.Generator().manual_seed(1),
+                       loss_fn=loss_fn, augment=False, opt_fn=opt_fn)
+    one_pass = ["copy", "copy", "loss", "step", "copy", "loss", "step", "copy", "loss", "step", "loss", "step"]
+    assert [c[0] for c in calls] == one_pass * 2
+    assert [c[1] for c in calls if c[0] == "loss"] == [0, 1, 2, 3] * 2
+    # the batches copied are the ones trained on, in the shuffled order of each pass
+    positions = list(engine.batches(14, 4, torch.Generator().manual_seed(1))) + \
+        list(engine.batches(14, 4, _after_one_pass(1, 14)))
+    assert [first_row[k] for k in range(8)] == [int(idx[p[0]]) for p in positions]
+
+
+def _after_one_pass(seed, n):
+    g = torch.Generator().manual_seed(seed)
+    torch.randperm(n, generator=g)
+    return g
+
+
+def test_the_copies_run_on_a_side_stream_when_cuda_is_present(monkeypatch):
+    """``HostImages`` with a CUDA device, the CUDA calls replaced by fakes that record them (no device
+    here): each batch is staged in pinned memory and copied non-blocking inside the side stream, an
+    event recorded there; the compute stream waits for that event (not the host) and keeps the batch
+    alive (``record_stream``) only when the batch is handed out, after the next batch's copy is
+    issued. That the copy then overlaps the step on a real device is reasoned, not run."""
+    import contextlib
+
+    from fedlnl.methods.common.placement import HostImages
+
+    log, active = [], []
+
+    class Stream:
+        def __init__(self, name):
+            self.name = name
+
+        def wait_event(self, event):
+            log.append(("wait", self.name, event.n))
+
+    class Event:
+        made = 0
+
+        def __init__(self):
+            Event.made += 1
+            self.n = Event.made
+
+        def record(self, stream):
+            log.append(("record", stream.name, self.n))
+
+    @contextlib.contextmanager
+    def on(stream):
+        active.append(stream.name)
+        yield
+        active.pop()
+
+    side, compute = Stream("side"), Stream("compute")
+    real_empty, real_to = torch.empty_strided, torch.Tensor.to
+
+    def empty_strided(*a, pin_memory=False, **k):
+        log.append(("stage", "pinned" if pin_memory else "pageable"))
+        return real_empty(*a, **k)
+
+    def to(self, *a, **k):
+        if a and str(a[0]).startswith("cuda"):
+            log.append(("copy", active[-1] if active else "default", "non_blocking" if k.get("non_blocking") else "blocking"))
+            return self.clone()
+        return real_to(self, *a, **k)
+
+    monkeypatch.setattr(torch.cuda, "Stream", lambda device=None: side)
+    monkeypatch.setattr(torch.cuda, "stream", on)
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: compute)
+    monkeypatch.setattr(torch, "empty_strided", empty_strided)
+    monkeypatch.setattr(torch.Tensor, "to", to)
+    monkeypatch.setattr(torch.Tensor, "record_stream", lambda self, s: log.append(("keep", s.name)))
+    x = torch.randint(0, 255, (20, 1, 4, 4), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    host = HostImages(x, torch.device("cuda:0"))
+    assert host.side is side
+    batches = [torch.tensor([3, 1]), torch.tensor([7, 0, 2]), torch.tensor([5])]
+    for k, raw in enumerate(host.stream(batches)):
+        assert torch.equal(raw, x[batches[k]])
+        log.append(("use", k))
+    issued = [("stage", "pinned"), ("copy", "side", "non_blocking")]
+    assert log == [*issued, ("record", "side", 1), *issued, ("record", "side", 2),
+                   ("wait", "compute", 1), ("keep", "compute"), ("use", 0),
+                   *issued, ("record", "side", 3), ("wait", "compute", 2), ("keep", "compute"), ("use", 1),
+                   ("wait", "compute", 3), ("keep", "compute"), ("use", 2)]
 
 
 def test_auto_placement_rule(monkeypatch):

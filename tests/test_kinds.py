@@ -29,6 +29,17 @@ def to_zero(flip, ix, mu):
     return chosen, np.zeros(len(chosen), dtype=np.int64)
 
 
+def kind_yamls(conf, partition: str, options: str, noise: str):
+    """A config folder with ``partition/<partition>.yaml`` (its ``options``) and ``noise/<noise>.yaml``
+    (rho and tau from a ``rho_tau`` pair, as the built-in kinds on Eq. 4's levels)."""
+    (conf / "partition").mkdir(parents=True)
+    (conf / "noise").mkdir()
+    (conf / "partition" / f"{partition}.yaml").write_text(f"kind: {partition}\n{options}\n")
+    (conf / "noise" / f"{noise}.yaml").write_text(
+        f"kind: {noise}\nrho_tau: null\nrho: ${{item:${{.rho_tau}},0,0.0}}\ntau: ${{item:${{.rho_tau}},1,0.0}}\n")
+    return conf
+
+
 @pytest.fixture
 def toy_kinds(tmp_path):
     """The two functions registered, the two YAMLs in a config folder of their own."""
@@ -36,13 +47,7 @@ def toy_kinds(tmp_path):
                          label=lambda s, fmt: f"halves ({fmt(s.get('first'))})")(halves)
     kinds.noise_kind("to_zero", keys=("rho", "tau", "rho_tau"), check=check_levels,
                      share=lambda lo, hi, noise, m, classes: (lo + hi) / 2 * (1 - 1 / m))(to_zero)
-    conf = tmp_path / "conf"
-    (conf / "partition").mkdir(parents=True)
-    (conf / "noise").mkdir()
-    (conf / "partition" / "halves.yaml").write_text("kind: halves\nfirst: 0.5\n")
-    (conf / "noise" / "to_zero.yaml").write_text(
-        "kind: to_zero\nrho_tau: null\nrho: ${item:${.rho_tau},0,0.0}\ntau: ${item:${.rho_tau},1,0.0}\n")
-    yield conf
+    yield kind_yamls(tmp_path / "conf", "halves", "first: 0.5", "to_zero")
     kinds.unregister("partition", "halves")
     kinds.unregister("noise", "to_zero")
 
@@ -112,3 +117,66 @@ def test_a_noise_kind_without_a_share_has_no_nominal_rate_and_says_why():
         assert nominal_rate_problem({**noise, "kind": "pairflip"}) is None
     finally:
         kinds.unregister("noise", "to_zero_unrated")
+
+
+OUTSIDE_MODULE = '''"""A researcher's own kinds, in a package of their own: registered on import."""
+import numpy as np
+
+from fedlnl.datasets.kinds import noise_kind, partition_kind
+from fedlnl.datasets.noise import LEVEL_KEYS, check_levels, pick_noisy
+
+
+@partition_kind("blocks", keys=("shift",), setting=("shift",), label=lambda s, fmt: f"blocks+{fmt(s.get('shift'))}")
+def blocks(labels, num_clients, rng, shift):
+    """Contiguous index blocks, rotated by ``shift`` clients (no randomness)."""
+    parts = np.array_split(np.arange(len(labels)), num_clients)
+    return [np.sort(parts[(k + shift) % num_clients]).astype(np.int64) for k in range(num_clients)]
+
+
+@noise_kind("to_last", keys=LEVEL_KEYS, check=check_levels,
+            share=lambda lo, hi, noise, m, classes: (lo + hi) / 2 * (1 - 1 / m))
+def to_last(flip, ix, mu):
+    chosen = pick_noisy(ix, mu, "exact", flip.rng)
+    return chosen, np.full(len(chosen), flip.m - 1, dtype=np.int64)
+'''
+
+
+def test_an_outside_package_registers_its_kinds_through_the_entry_point_group(tmp_path):
+    """A package installed beside fedlnl (here: a dist-info on PYTHONPATH) names its module in the
+    ``fedlnl.kinds`` group; a fresh process finds its kinds, checks, runs and labels them."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    site = tmp_path / "site"
+    (site / "outside_kinds").mkdir(parents=True)
+    (site / "outside_kinds" / "__init__.py").write_text(OUTSIDE_MODULE)
+    info = site / "outside_kinds-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: outside-kinds\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text(f"[{kinds.ENTRY_POINTS}]\noutside = outside_kinds\n")
+    conf = kind_yamls(site / "conf", "blocks", "shift: 1", "to_last")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")])}
+
+    def run(name, *overrides):
+        return subprocess.run(
+            [sys.executable, "-m", "fedlnl.benchmark.run", "method=fedavg", "debug=tiny", "logger=none",
+             "device=cpu", "threads=1", "fl.rounds=1", f"hydra.searchpath=[file://{conf}]",
+             "partition=blocks", "noise=to_last", "noise.rho_tau=[1.0,0.5]", f"hydra.run.dir={tmp_path / name}",
+             *overrides], capture_output=True, text=True, cwd=REPO, env=env, timeout=600)
+
+    bad = run("bad", "partition.shift=2", "+partition.first=0.5")
+    assert bad.returncode == 2 and "partition.first=0.5 is invalid: allowed the keys of partition=blocks: kind, shift" \
+        in bad.stderr and not (tmp_path / "bad").exists()
+    proc = run("good")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    summary = json.loads((tmp_path / "good" / "summary.json").read_text())
+    assert summary["status"] == "complete"
+    assert (summary["setting"]["partition"], summary["setting"]["shift"], summary["setting"]["noise"]) == \
+        ("blocks", 1, "to_last")
+    fed = summary["federation"]
+    assert fed["num_noisy_clients"] == 6 and fed["nominal_noise_rate"] == pytest.approx(0.75 * 0.9)
+    assert "blocks" not in kinds.partitions()  # this process never imported the outside package

@@ -312,7 +312,7 @@ def test_selfie_refurbishes_and_reports_without_changing_labels(tmp_path):
 def test_selfie_restart_reinitialises_clears_histories_and_lowers_tau():
     m = _selfie(restarts=1, warmup_share=0.5)
     assert m.total_rounds(None, 30) == 60
-    assert [m._schedule(_Ctx(r, 60)) for r in (0, 14, 15, 29, 30, 44, 45)] == [
+    assert [sf.restart_schedule(m.params, r, 60) for r in (0, 14, 15, 29, 30, 44, 45)] == [
         (0, True), (0, True), (0, False), (0, False), (1, True), (1, True), (1, False)]
     torch.manual_seed(0)
     info = FederationInfo(4, 10, (5,) * 4, (4,), 0, None)

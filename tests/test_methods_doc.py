@@ -6,6 +6,10 @@ top-level key (``_target_`` and the Hydra ``defaults`` list excluded; a composit
 
     | `key` (→ `fl.key` when it pins a shared value) | `default as written in the YAML` | source | kind |
 
+Each switch is described once: what a method's own key is, by its ``Params`` field doc (one line,
+``tests/test_checks.py``); where its default comes from, by its §23 row. The YAML carries the values,
+group headings (``# --- ...``) and a header pointing to both, never a per-key description.
+
 The tests fail, per method, when a YAML key has no row (a new key or method must be documented), a
 row names a key the YAML no longer has, a row's default differs from the YAML, a row's kind is not one
 of paper / code / our choice / unsourced, or the method's home section does not link to its table.
@@ -15,6 +19,9 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import dataclasses
+
+import hydra.utils
 import pytest
 import yaml
 from omegaconf import OmegaConf
@@ -160,3 +167,74 @@ def test_expected_rows_of_a_composition():
     assert expected_rows("fedcorr_poc") == {"stage3": "poc"}
     assert same_default("1.0e-5", 1e-5) and same_default("5.0", 5.0) and not same_default("5", 5.5)
     assert same_default("null", None) and same_default("true", True) and not same_default("1", True)
+
+
+#: YAMLs still describing their keys in comments: edited by other work of this session, converted after it
+PER_KEY_COMMENTS_PENDING = ("feddyn", "fedprox", "rofl")
+
+
+def comment_problems(name: str, num: str) -> list[str]:
+    """Per-key comments of a method YAML's own keys (module notes), and a header without the pointer."""
+    path = CONF / "method" / f"{name}.yaml"
+    target = OmegaConf.load(path).get("_target_")
+    if target is None:  # a composition (defaults list only)
+        return []
+    params = hydra.utils.get_class(target).Params
+    fields = {f.name for f in dataclasses.fields(params)}
+    lines = path.read_text(encoding="utf-8").splitlines()
+    first = next(i for i, line in enumerate(lines) if not line.startswith("#"))
+    header = " ".join(lines[:first])
+    out = [] if not fields or (params.__name__ in header and f"§23.{num}" in header) else [
+        f"{name}.yaml: the header does not point to {params.__name__} and docs/methods.md §23.{num}"]
+    block: list[str] = []
+    for line in lines[first:]:
+        if line.startswith("#"):
+            block.append(line)
+            continue
+        key = re.match(r"^(\w+):", line)
+        if key and key[1] in fields:
+            if _has_comment(line):
+                out.append(f"{name}.{key[1]}: a comment after the value (its description is the field doc)")
+            if block and not block[0].startswith("# ---"):
+                out.append(f"{name}.{key[1]}: a comment above the key that is no '# ---' group heading")
+        block = []
+    return out
+
+
+def _has_comment(line: str) -> bool:
+    """A YAML comment (`` #`` outside quotes) on the line."""
+    quote = None
+    for i, ch in enumerate(line):
+        if quote:
+            quote = None if ch == quote else quote
+        elif ch in "\"'":
+            quote = ch
+        elif ch == "#" and i and line[i - 1].isspace():
+            return True
+    return False
+
+
+@pytest.mark.parametrize("name", [m for m in METHODS if m not in PER_KEY_COMMENTS_PENDING])
+def test_each_switch_is_described_once(name, tables):
+    problems = comment_problems(name, tables[name]["num"])
+    assert not problems, "\n".join(problems)
+
+
+def test_the_comment_check_finds_a_per_key_comment(tmp_path, monkeypatch, tables):
+    """The check fails on a described key (after or above it) and on a header without the pointer."""
+    import test_methods_doc as module
+
+    (tmp_path / "method").mkdir()
+    text = (CONF / "method" / "fednoro.yaml").read_text(encoding="utf-8")
+    monkeypatch.setattr(module, "CONF", tmp_path)
+    num = tables["fednoro"]["num"]
+    for edit, problem in [
+        (("lambda_: 0.8", "lambda_: 0.8   # a, the KD weight"), "fednoro.lambda_: a comment after the value"),
+        (("kd_temperature:", "# T dividing the teacher's logits\nkd_temperature:"),
+         "fednoro.kd_temperature: a comment above"),
+        (("# Each key: FedNoRoParams", "# Each key: FedNoRo's"), "the header does not point to FedNoRoParams"),
+    ]:
+        (tmp_path / "method" / "fednoro.yaml").write_text(text.replace(*edit, 1), encoding="utf-8")
+        assert any(p.startswith(problem) or problem in p for p in comment_problems("fednoro", num)), edit
+    (tmp_path / "method" / "fednoro.yaml").write_text(text, encoding="utf-8")
+    assert comment_problems("fednoro", num) == []

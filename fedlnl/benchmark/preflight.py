@@ -195,9 +195,11 @@ _FLAGS_WITH_VALUE = {"--cfg", "-c", "--package", "-p", "--config-name", "-cn", "
                      "--config-dir", "-cd", "--info", "-i", "--experimental-rerun"}
 
 
-def options(group: str) -> list[str]:
-    folder = CONF / group
-    found = sorted(p.stem for p in folder.glob("*.yaml")) if folder.is_dir() else []
+def options(group: str, searchpath: tuple[Path, ...] = ()) -> list[str]:
+    """The options of a config group: its YAMLs in fedlnl's config folder and in the folders of
+    ``hydra.searchpath`` (an outside package's kinds, methods, ...)."""
+    folders = [CONF / group, *(Path(root) / group for root in searchpath)]
+    found = sorted({p.stem for folder in folders if folder.is_dir() for p in folder.glob("*.yaml")})
     if group == "hydra/launcher":
         found = sorted(set(found) | {"basic", "joblib", "submitit_local", "submitit_slurm"})
     if group == "hydra/sweeper":
@@ -240,6 +242,8 @@ def check_argv(argv: list[str]) -> str | None:
     problem = _argv_keys(parsed)
     if problem:
         return problem
+    searchpath = [ov for ov in parsed if ov.key_or_group == "hydra.searchpath" and not ov.is_delete()]
+    roots = _search_roots(searchpath[0].value()) if searchpath else ()
     first_values = []
     for ov in parsed:
         key = ov.key_or_group.split("@", 1)[0]
@@ -249,7 +253,7 @@ def check_argv(argv: list[str]) -> str | None:
             values = []  # ranges / intervals: left to Hydra
         group = "method" if key.startswith("method@") or ov.key_or_group.startswith("method@") else key
         if group in GROUPS and values and not (ov.is_sweep_override() and ov.value_type is None):
-            known = options(group)
+            known = options(group, roots)
             for v in values:
                 if v not in known and v != "null" and not v.startswith("glob("):
                     return f"{key}={v} is invalid: allowed {', '.join(known)}"
@@ -259,7 +263,24 @@ def check_argv(argv: list[str]) -> str | None:
         elif ov.is_sweep_override():
             continue
         first_values.append(raw)
-    return _compose_problem(first_values)
+    return _compose_problem(first_values + [ov.input_line for ov in searchpath])
+
+
+def _search_roots(entries) -> tuple[Path, ...]:
+    """The folders of ``hydra.searchpath`` entries ``file://DIR`` and ``pkg://PACKAGE[/SUB]``."""
+    import importlib.util
+
+    roots = []
+    for entry in entries if isinstance(entries, (list, tuple)) else []:
+        scheme, _, where = str(entry).partition("://")
+        if scheme == "file":
+            roots.append(Path(where))
+        elif scheme == "pkg":
+            package, _, sub = where.replace("/", ".").partition(".")
+            spec = importlib.util.find_spec(package)
+            for base in (spec.submodule_search_locations or []) if spec else []:
+                roots.append(Path(base, *sub.split(".")) if sub else Path(base))
+    return tuple(roots)
 
 
 #: groups whose added keys (``+group.key=...``) are checked, with their allowed keys, downstream
@@ -296,7 +317,8 @@ def _compose_problem(overrides: list[str]) -> str | None:
         return None
     try:
         with initialize_config_dir(str(CONF), version_base=None):
-            cfg = hydra_compose("config", overrides=[o for o in overrides if not o.startswith("hydra")])
+            cfg = hydra_compose("config", overrides=[o for o in overrides
+                                                     if not o.startswith("hydra") or o.startswith("hydra.searchpath=")])
     except Exception as err:
         text = " ".join(str(err).split())
         found = re.search(r"Could not (?:override|append to) '([^']+)'", text) or re.search(r"full_key: (\S+)", text)

@@ -36,7 +36,7 @@ from fedlnl.benchmark.sinks import JsonlSink, Sinks, WandbSink, write_json_atomi
 from fedlnl.benchmark.stop import StopRequest, refuse_after_signal
 from fedlnl.benchmark.validate import ConfigError
 from fedlnl.datasets.federation import federation_stats
-from fedlnl.methods.common import engine, placement
+from fedlnl.methods.common import compiled, engine, placement
 from fedlnl.models.layers import random_source
 from fedlnl.methods.common.protocol import ALL_CLIENTS, ClientView, RoundContext
 
@@ -73,6 +73,10 @@ class Runner:
         cfg = self.cfg
         self.device = device.place(cfg)
         self.identity = device.identity(self.device, str(cfg.get("determinism", "strict")))
+        # the torch.compile mode of the local step (None = eager): what ran, beside the config's key
+        self.compile_mode = compiled.mode(bool(cfg.get("compile", False)), self.device)
+        if self.compile_mode and compiled.check(self.device):
+            raise ConfigError(compiled.check(self.device))
         cell = preflight.build_cell(cfg, self.method, model_name(cfg), self.device)  # raises ConfigError
         self.fed, self.info, self.model, self.total = cell.fed, cell.info, cell.model, cell.total
         src = self.fed.source
@@ -90,8 +94,8 @@ class Runner:
         self.effective = compose.effective(self.method, self.resolved["method"], int(cfg.fl.rounds), self.info)
         log.info("effective: %s", json.dumps(self.effective, sort_keys=True))
         log.info("device %s, %d torch threads", self.device, torch.get_num_threads())
-        log.info("GPU: %s, determinism %s, training images on the %s", self.identity["gpu"] or "none",
-                 self.identity["determinism"], where)
+        log.info("GPU: %s, determinism %s, training images on the %s, local step %s", self.identity["gpu"] or "none",
+                 self.identity["determinism"], where, f"compiled ({self.compile_mode})" if self.compile_mode else "eager")
 
     def view(self, k: int) -> ClientView:
         idx = torch.arange(self.labels.numel(), device=self.device) if k == ALL_CLIENTS else self.client_idx[k]
@@ -176,6 +180,7 @@ class Runner:
         counter = register_optimizer_step_post_hook(self._count_step)
         bar = tqdm(range(start, self.total), desc=f"{self.method_name} s{self.cfg.seed}", unit="rnd",
                    dynamic_ncols=True, disable=None, leave=False)
+        compiled.begin(bool(self.cfg.get("compile", False)), self.device)
         try:
             for rnd in bar:
                 ctx = self.context(rnd)
@@ -223,6 +228,7 @@ class Runner:
         finally:
             bar.close()
             counter.remove()
+            compiled.end()
         return self.finish(status, sinks)
 
     def _count_step(self, optimizer, args, kwargs) -> None:
@@ -285,7 +291,7 @@ class Runner:
             "federation_hash": self.fed.hash, "federation": federation_stats(self.fed),
             "detection": dict(self.scorer.latest), "git_commit": git_commit(),
             "setting": setting_of(self.resolved), "config": self.resolved, "config_hash": self.hash,
-            "device": str(self.device), "identity": self.identity,
+            "device": str(self.device), "identity": self.identity, "compile": self.compile_mode,
         }
         sinks.summary(summary)
         sinks.close(status)

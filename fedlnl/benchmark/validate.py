@@ -13,6 +13,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from fedlnl.conf import checks
 from fedlnl.conf.checks import ConfigError, is_number  # noqa: F401 (ConfigError: imported from here by the benchmark)
+from fedlnl.datasets.options import check_options
 from fedlnl.methods.common.protocol import OPTIMIZERS
 
 
@@ -137,6 +138,7 @@ def validate(cfg: DictConfig, num_train: int | None = None) -> None:
     _num(cfg, "seed", lambda v: v <= 2**63 - 1, "an integer in [0, 2**63 - 1]")
     _num(cfg, "checkpoint_minutes", lambda v: v >= 0, "minutes >= 0 (0 = no time-based checkpoints)")
     _flag(cfg, "skip_complete")
+    _flag(cfg, "compile")
     _targets(cfg)
     for key, value in (("fidelity", cfg.get("fidelity")), ("noise.fidelity", cfg.noise.get("fidelity", "paper"))):
         checks.choice(key, value, ("paper", "reference"))
@@ -166,19 +168,8 @@ def validate(cfg: DictConfig, num_train: int | None = None) -> None:
     # noise and partition
     _pair(cfg, "noise.rho_tau", ("rho", "tau"))
     _pair(cfg, "partition.p_alpha", ("p", "alpha"))
-    optional = cfg.noise.get("kind") in ("cifarn", "mixed")  # real noise / the groups set the levels
-    for key, allowed in (("noise.rho", "a share in [0, 1]"), ("noise.tau", "a noise level in [0, 1]")):
-        value = _get(cfg, key)
-        if value is not _MISSING:
-            checks.unit(key, value, allowed, optional=optional)
-    if cfg.partition.get("kind") == "noniid":
-        _num(cfg, "partition.p", lambda v: 0.0 < v <= 1.0, "a probability in (0, 1]")
-        _num(cfg, "partition.alpha", lambda v: v > 0, "a Dirichlet concentration > 0")
-    try:  # the data layer's own option checks (new partitions / noise models), when it has them
-        from fedlnl import datasets
-        check_options = getattr(datasets, "check_options", None)
-        if check_options is not None:
-            check_options(cfg.dataset, cfg.partition, cfg.noise)
+    try:  # each partition / noise kind's own keys and checks (its registration), and the dataset's
+        check_options(cfg.dataset, cfg.partition, cfg.noise)
     except ConfigError:
         raise
     except ValueError as err:

@@ -16,6 +16,8 @@ from __future__ import annotations
 #: ``skip_complete`` refuse a cell recorded with another device kind or mode, and the report keeps
 #: device kinds in separate rows. ``data_placement`` moves the same bytes by another route (host and
 #: device placement give byte-identical metrics).
+#: ``compile`` is not here: a compiled local step (``methods/common/compiled.py``) rounds differently from
+#: the eager one, so compiled and eager runs are two configurations.
 NON_RESULT_KEYS = ("logger", "name", "preset", "checkpoint_every", "checkpoint_minutes", "skip_complete",
                    "dry_run", "device", "determinism", "data_placement", "hydra")
 

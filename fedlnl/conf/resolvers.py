@@ -48,11 +48,11 @@ def _case(value, table):
     return table[value] if value in table else table.get("default")
 
 
-def _tiny_federation(kind, p, what):
-    """``debug=tiny``'s federation: 6 clients, 3 a round; 30 clients, 3 a round for a non-IID
-    partition with p < 0.5 (with 6 clients, Bernoulli(p = 0.3) class presence leaves some class
-    without any holder w.p. 0.7^6 per class, which the partition refuses)."""
-    large = kind == "noniid" and p is not None and float(p) < 0.5
+def _tiny_federation(p, what):
+    """``debug=tiny``'s federation: 6 clients, 3 a round; 30 clients, 3 a round for a partition
+    with a class-presence probability ``partition.p`` < 0.5 (``noniid``: with 6 clients, Bernoulli(p = 0.3)
+    class presence leaves some class without any holder w.p. 0.7^6 per class, which the partition refuses)."""
+    large = p is not None and float(p) < 0.5
     return {"num_clients": 30 if large else 6, "frac": 0.1 if large else 0.5}[what]
 
 

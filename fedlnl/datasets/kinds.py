@@ -11,8 +11,10 @@ declaration carries everything the rest of the suite reads about the kind:
   kind on Eq. 4's levels is labelled by its (rho, tau) instead.
 
 A new kind is therefore one decorated function plus its YAML (``conf/partition/<kind>.yaml`` or
-``conf/noise/<kind>.yaml`` with ``kind: <kind>``); a kind defined outside fedlnl registers when its
-module is imported. The built-in kinds come first, then the others in registration order: the order
+``conf/noise/<kind>.yaml`` with ``kind: <kind>``). A kind defined in a package of its own registers
+when its module is imported: the package names that module in the ``fedlnl.kinds`` entry-point group
+(``ENTRY_POINTS``), which every process (runner, report, sweep workers) loads on the first lookup.
+The built-in kinds come first, then the others in registration order: the order
 of the ``allowed ...`` lists in errors.
 
 Pure Python on purpose: the report reads labels and setting keys from here without torch.
@@ -21,10 +23,14 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
+from importlib.metadata import entry_points
 from typing import Any, Callable, Mapping
 
 #: the modules that define the built-in kinds, imported on the first lookup
 BUILTIN_MODULES = ("fedlnl.datasets.partition", "fedlnl.datasets.noise")
+#: the entry-point group through which an installed package registers its own kinds: each entry
+#: names a module whose decorated functions register on import (docs/adding-a-kind.md)
+ENTRY_POINTS = "fedlnl.kinds"
 
 
 @dataclass(frozen=True)
@@ -34,12 +40,22 @@ class Kind:
     Partition kinds: ``fn(labels, num_clients, rng, **options)`` (plus ``num_classes=`` when it
     declares that parameter) returns one sorted int64 index array per client.
 
-    Noise kinds: ``levels`` says FedCorr Eq. 4's per-client levels (``rho``, ``tau``) apply, then
-    ``fn(flip, indices, mu)`` returns (chosen indices, their new labels) for one noisy client at
-    level ``mu`` (``flip``: the labels, rng and options, ``noise._Flipper``); ``group``: usable as a
-    ``noise=mixed`` group's kind; ``share(mean_mu, noise, num_classes, classes)``: the expected share
-    of a noisy client's labels that really change (the nominal noise rate; None: unknown). A kind
-    without levels (``mixed``, real noise) is applied by ``fn`` as a whole (see noise.add_noise).
+    Noise kinds come in three forms, told apart by what the declaration carries:
+
+    - on FedCorr Eq. 4's per-client levels (``rho``, ``tau``; the default): ``fn(flip, indices, mu)``
+      returns (chosen indices, their new labels) for one noisy client at level ``mu`` (``flip``: the
+      labels, rng and switches, ``noise._Flipper``); ``group``: usable as a group's kind of a kind
+      with ``groups``; ``share(lo, hi, noise, num_classes, classes)``: the expected share of a noisy
+      client's labels that really change for mu ~ U(lo, hi) (the nominal noise rate; None: unknown);
+    - with ``groups(noise)`` (``mixed``): the config's client groups, a list of {kind, share, level};
+      ``fn(noise, num_clients, rng)`` returns (kind per client, mu per client), and each noisy client
+      is then corrupted by its kind on Eq. 4's levels;
+    - with ``real(noise)`` (real noise, ``cifarn``): ``fn(labels, client_indices, noise, clean)``
+      replaces the labels as a whole and returns (observed labels, oracle); ``real(noise)`` is its
+      published share of wrong labels (None: unknown); every client counts as noisy.
+
+    ``space(source, noise)`` (any noise kind): the label space the kind's labels live in (CIFAR-100N's
+    coarse set: the 20 super-classes); default: the source's.
     """
 
     name: str
@@ -49,9 +65,16 @@ class Kind:
     setting: tuple[str, ...] = ()
     setting_of: Callable[[Mapping], dict] | None = None
     label: Callable[[Mapping, Callable[[Any], str]], str] | None = None
-    levels: bool = True
     group: bool = False
     share: Callable | None = None
+    groups: Callable[[Mapping], list] | None = None
+    real: Callable[[Mapping], float | None] | None = None
+    space: Callable | None = None
+
+    @property
+    def levels(self) -> bool:
+        """A noise kind on Eq. 4's levels (``fn`` corrupts one noisy client)."""
+        return self.groups is None and self.real is None
 
     def settings(self, node: Mapping) -> dict:
         """The setting keys of this kind from a (resolved) config node."""
@@ -66,11 +89,12 @@ class Kind:
 _PARTITIONS: dict[str, Kind] = {}
 _NOISES: dict[str, Kind] = {}
 _loaded = False
+_outside_loaded = False
 
 
 def _register(table: dict[str, Kind], what: str, name: str, **spec) -> Callable:
     def decorator(fn: Callable) -> Callable:
-        _load()  # the built-in kinds first, so they lead every list of allowed kinds
+        _builtins()  # the built-in kinds first, so they lead every list of allowed kinds
         if name in table and table[name].fn is not fn:
             raise ValueError(f"{what} kind {name!r} is registered twice ({table[name].fn.__module__} and "
                              f"{fn.__module__})")
@@ -94,12 +118,28 @@ def unregister(group: str, name: str) -> None:
     {"partition": _PARTITIONS, "noise": _NOISES}[group].pop(name, None)
 
 
-def _load() -> None:
+def _builtins() -> None:
     global _loaded
     if not _loaded:
         _loaded = True
         for module in BUILTIN_MODULES:
             importlib.import_module(module)
+
+
+def _load() -> None:
+    """The built-in kinds, then the modules installed packages name in the ``fedlnl.kinds`` group
+    (after the built-in modules have finished importing, which outside modules may import from)."""
+    global _outside_loaded
+    _builtins()
+    if not _outside_loaded:
+        _outside_loaded = True
+        for entry in entry_points(group=ENTRY_POINTS):
+            try:
+                entry.load()
+            except Exception as err:  # noqa: BLE001  (an outside module may raise anything on import)
+                reason = str(err).strip().splitlines()[0] if str(err).strip() else ""
+                raise ValueError(f"{ENTRY_POINTS} entry point {entry.name} = {entry.value} failed to import: "
+                                 f"{type(err).__name__}: {reason}") from err
 
 
 def partitions() -> dict[str, Kind]:

@@ -77,8 +77,6 @@ from .types import UNKNOWN_LABEL, DataError, Oracle, Source
 if TYPE_CHECKING:
     import torch
 
-#: real human noise: the labels are replaced wholesale, Eq. 4's levels do not apply
-HUMAN_KINDS = ("cifarn",)
 COUNTS = ("exact", "bernoulli")
 LABEL_RANGES = ("all", "first10")
 _CHUNK = 4096  # samples per block of the instance projection
@@ -112,18 +110,25 @@ def add_noise(
     by a ``map`` given by names or ``auto``.
     """
     labels = _as_numpy(labels)
-    if kind in HUMAN_KINDS:
-        return human_noise(labels, client_indices, file, label_set, rho, tau, clean)
+    spec = _noises().get(kind)
+    if spec is None:
+        raise ValueError(f"noise.kind={kind!r} is invalid: allowed {', '.join(_noises())}")
+    noise = {"kind": kind, "rho": rho, "tau": tau, "count": count, "label_range": label_range,
+             "exclude_true": exclude_true, "label_set": label_set, "file": file, "map": map, "std": std,
+             "groups": groups}
+    if spec.real is not None:  # real noise replaces the labels as a whole
+        return spec.fn(labels, client_indices, noise, clean)
     if clean is not None:
         return _real_noise(labels, _as_numpy(clean), client_indices, rho)
-    _validate(kind, rho, tau, count, label_range, std)
-    if kind == "mixed":
-        client_kind, mu = group_levels(groups, len(client_indices), tau, rng)
+    _validate(spec, rho, tau, count, label_range, std)
+    if spec.groups is not None:  # the kind assigns each client a kind on Eq. 4's levels and its level
+        client_kind, mu = spec.fn(noise, len(client_indices), rng)
+        used = {g["kind"] for g in spec.groups(noise)}
     else:
         gamma, mu = client_noise_levels(len(client_indices), rho, tau, rng)
-        client_kind = np.where(gamma, kind, "clean")
+        client_kind, used = np.where(gamma, kind, "clean"), {kind}
     flip = _Flipper(labels, num_classes, rng, count, label_range, exclude_true, map, std, features, classes)
-    if kind == "asymmetric" or (kind == "mixed" and any(g["kind"] == "asymmetric" for g in check_groups(groups))):
+    if any("map" in _noises()[k].keys for k in used if k != "clean"):
         flip.dest(map)  # a bad map is an error even when no client happens to be noisy (draws nothing)
     observed = labels.copy()
     for k in np.flatnonzero(mu > 0):  # ascending client id, as the reference
@@ -146,27 +151,33 @@ def nominal_rate(noise: Mapping, num_classes: int, classes: tuple[str, ...] = ()
                  real: str | None = None) -> float | None:
     """Expected share of wrong labels the (resolved) noise config implies (module notes); ``real``:
     the name of a dataset whose given labels are already noisy (its published rate applies)."""
-    kind = noise.get("kind")
-    if kind in HUMAN_KINDS:
-        return PUBLISHED_RATES.get(noise.get("label_set"))
+    spec = _noises().get(noise.get("kind"))
+    if spec is not None and spec.real is not None:
+        return spec.real(noise)
     if real is not None:
         return PUBLISHED_RATES.get(real)
-    if kind == "mixed":
-        tau = noise.get("tau")
-        total = 0.0
-        for g in check_groups(noise.get("groups")):
-            if g["kind"] != "clean":
-                lo, hi = g.get("level") or (0.0 if tau is None else float(tau), 1.0)
-                share = _changed_share(g["kind"], lo, hi, noise, num_classes, classes)
-                if share is None:
-                    return None
-                total += g["share"] * share
-        return total
+    total = 0.0
+    for g in client_groups(noise):
+        lo, hi = g["level"]
+        share = _changed_share(g["kind"], lo, hi, noise, num_classes, classes)
+        if share is None:
+            return None
+        total += g["share"] * share
+    return total
+
+
+def client_groups(noise: Mapping) -> list[dict]:
+    """The noisy client groups a synthetic (resolved) noise config implies, each {kind, share,
+    level: (low, high)}: its clients are a ``share`` of all and draw mu_k ~ U(low, high). A kind on
+    Eq. 4's levels is one group (share rho, levels [tau, 1]); a kind with registered ``groups``
+    (``mixed``) lists its own, a group without a level getting [tau, 1]."""
+    kind = noise.get("kind")
+    spec = _noises().get(kind)
+    tau = float(noise.get("tau") or 0.0)
+    if spec is not None and spec.groups is not None:
+        return [{**g, "level": g.get("level") or (tau, 1.0)} for g in spec.groups(noise) if g["kind"] != "clean"]
     rho = float(noise.get("rho") or 0.0)  # E[gamma_k]; the levels mu_k ~ U(tau, 1) (Eq. 4)
-    if rho == 0.0:
-        return 0.0
-    share = _changed_share(kind, float(noise.get("tau") or 0.0), 1.0, noise, num_classes, classes)
-    return None if share is None else rho * share
+    return [{"kind": kind, "share": rho, "level": (tau, 1.0)}] if rho != 0.0 else []
 
 
 def _changed_share(kind: str, lo: float, hi: float, noise: Mapping, m: int, classes) -> float | None:
@@ -180,29 +191,29 @@ def _changed_share(kind: str, lo: float, hi: float, noise: Mapping, m: int, clas
 
 def nominal_noisy_share(noise: Mapping, real: str | None = None) -> float:
     """Share of clients the (resolved) noise config makes noisy, from the config alone (never from
-    labels): rho (E[gamma_k] of Eq. 4) for a synthetic kind, the summed share of a mixed config's
-    noisy groups, 1 for real label noise (``cifarn``, or a dataset whose given labels are noisy:
-    every client's labels then carry it). The Byzantine share robust aggregators assume."""
-    kind = noise.get("kind")
-    if kind in HUMAN_KINDS or real is not None:
+    labels): the summed share of its noisy client groups (rho, E[gamma_k] of Eq. 4, for a kind on
+    Eq. 4's levels), 1 for real label noise (a real-noise kind such as ``cifarn``, or a dataset whose
+    given labels are noisy: every client's labels then carry it). The Byzantine share robust
+    aggregators assume."""
+    spec = _noises().get(noise.get("kind"))
+    if (spec is not None and spec.real is not None) or real is not None:
         return 1.0
-    if kind == "mixed":
-        return float(sum(g["share"] for g in check_groups(noise.get("groups")) if g["kind"] != "clean"))
-    return float(noise.get("rho") or 0.0)
+    return float(sum(g["share"] for g in client_groups(noise)))
 
 
 def nominal_rate_problem(noise: Mapping) -> str | None:
     """Why ``nominal_rate`` would be None for this (resolved) config, as a phrase, or None; checked
     before any data is loaded."""
-    if noise.get("kind") in HUMAN_KINDS and noise.get("label_set") not in PUBLISHED_RATES:
-        return f"noise.label_set={noise.get('label_set')} has no published noise rate here"
-    kinds = [noise.get("kind")]
-    if noise.get("kind") == "mixed":
-        kinds = [g.get("kind") for g in noise.get("groups") or [] if hasattr(g, "get")]
-    for kind in kinds:
-        spec = _noises().get(kind)
-        if spec is not None and spec.levels and spec.share is None:
-            return f"noise kind {kind} declares no share of labels it changes (its registered share)"
+    kind = noise.get("kind")
+    spec = _noises().get(kind)
+    if spec is not None and spec.real is not None:
+        named = " ".join(f"noise.{k}={noise.get(k)}" for k in spec.setting) or f"noise={kind}"
+        return None if spec.real(noise) is not None else f"{named} has no published noise rate here"
+    names = [g.get("kind") for g in spec.groups(noise)] if spec is not None and spec.groups is not None else [kind]
+    for name in names:
+        level = _noises().get(name)
+        if level is not None and level.levels and level.share is None:
+            return f"noise kind {name} declares no share of labels it changes (its registered share)"
     return None
 
 
@@ -337,7 +348,13 @@ def _named_label(setting, fmt) -> str:
 
 
 @noise_kind("mixed", keys=("rho", "tau", "fidelity", "groups", "count", "label_range", "exclude_true", "map", "std"),
-            check=_check_mixed, setting=("groups",), setting_of=_mixed_setting, label=_named_label, levels=False)
+            check=_check_mixed, setting=("groups",), setting_of=_mixed_setting, label=_named_label,
+            groups=lambda noise: check_groups(noise.get("groups")))
+def mixed(noise: Mapping, num_clients: int, rng: np.random.Generator):
+    """(kind per client, mu) of the noise config's ``groups`` (:func:`group_levels`)."""
+    return group_levels(noise.get("groups"), num_clients, noise.get("tau"), rng)
+
+
 def group_levels(groups, num_clients: int, tau: float | None, rng: np.random.Generator):
     """(kind per client, mu): FNBench-style client groups, sizes round(share N) by largest remainder,
     members drawn by a random permutation; mu_k ~ U(level) in a noisy group, 0 in a clean one."""
@@ -513,16 +530,15 @@ def _real_noise(noisy, clean, client_indices, rho) -> tuple[torch.Tensor, Oracle
     return _tensor(noisy.copy()), _oracle(clean, noisy, client_indices, rate, rate > 0)
 
 
-def _validate(kind, rho, tau, count, label_range, std) -> None:
-    synthetic = tuple(k for k in _noises() if k not in HUMAN_KINDS)
-    choices = (("kind", kind, synthetic), ("count", count, COUNTS), ("label_range", label_range, LABEL_RANGES))
-    for key, value, allowed in choices:
+def _validate(spec, rho, tau, count, label_range, std) -> None:
+    for key, value, allowed in (("count", count, COUNTS), ("label_range", label_range, LABEL_RANGES)):
         if value not in allowed:
             raise ValueError(f"noise.{key}={value!r} is invalid: allowed {', '.join(allowed)}")
     unit = lambda v: _number(v) and 0.0 <= v <= 1.0  # noqa: E731
-    # mixed: the groups' shares replace rho, and tau (the default lower level) may be left unset
-    for key, value in (("rho", rho), ("tau", tau)) if kind != "mixed" else (("tau", tau),):
-        if not (unit(value) or (kind == "mixed" and value is None)):
+    # a kind with client groups: the groups' shares replace rho, and tau (the default lower level) may be unset
+    grouped = spec.groups is not None
+    for key, value in (("rho", rho), ("tau", tau)) if not grouped else (("tau", tau),):
+        if not (unit(value) or (grouped and value is None)):
             raise ValueError(f"noise.{key}={value!r} is invalid: allowed a share in [0, 1]")
     if not (_number(std) and std >= 0):
         raise ValueError(f"noise.std={std!r} is invalid: allowed a standard deviation >= 0")
@@ -560,10 +576,17 @@ CIFARN_SETS = {
 CIFARN_URL = "https://github.com/UCSC-REAL/cifar-10-100n (data/)"
 
 
-def label_space(source: Source, noise: dict) -> Source:
-    """The source the noise model is applied to: CIFAR-100N's coarse set trains and tests on the 20
-    super-classes (fine labels mapped by the release's fine -> coarse table); otherwise unchanged."""
-    if noise.get("kind") not in HUMAN_KINDS or noise.get("label_set") != "coarse":
+def label_space(source: Source, noise: Mapping) -> Source:
+    """The source the noise model is applied to: the kind's registered ``space`` (CIFAR-100N's coarse
+    set: the 20 super-classes), otherwise unchanged."""
+    spec = _noises().get(noise.get("kind"))
+    return source if spec is None or spec.space is None else spec.space(source, noise)
+
+
+def cifarn_space(source: Source, noise: Mapping) -> Source:
+    """CIFAR-100N's coarse set trains and tests on the 20 super-classes (fine labels mapped by the
+    release's fine -> coarse table); every other label set keeps the source."""
+    if noise.get("label_set") != "coarse":
         return source
     if source.num_classes != 100:
         raise ValueError(f"noise.label_set=coarse is invalid for {source.name} ({source.num_classes} classes): "
@@ -583,7 +606,13 @@ def _check_cifarn(noise: dict) -> None:
 
 
 @noise_kind("cifarn", keys=("label_set", "file", "rho", "tau"), check=_check_cifarn, setting=("label_set",),
-            label=_named_label, levels=False)
+            label=_named_label, real=lambda noise: PUBLISHED_RATES.get(noise.get("label_set")), space=cifarn_space)
+def cifarn(labels, client_indices, noise: Mapping, clean=None):
+    """Real human noise: the CIFAR-N label set ``noise.label_set`` (:func:`human_noise`)."""
+    return human_noise(labels, client_indices, noise.get("file"), noise.get("label_set"), noise.get("rho"),
+                       noise.get("tau"), clean)
+
+
 def human_noise(labels, client_indices, file, label_set, rho=None, tau=None, clean=None):
     """CIFAR-N labels as the observed labels; oracle: clean = the dataset's labels, mu and the
     noisy-client flag = each client's realized rate (> 0)."""

@@ -197,6 +197,47 @@ class FedCorrParams(Params):
             fail("method.stage3", self.stage3, "null or a method config (e.g. +method@method.stage3=fedprox)")
 
 
+def clean_clients(mu_hat: np.ndarray, p: FedCorrParams) -> np.ndarray:
+    """S_c membership: μ̂_k ≤ κ (Sec. 3.3, code) or < κ (Algorithm 1), by ``p.kappa_cmp``."""
+    return mu_hat <= p.kappa if p.kappa_cmp == "le" else mu_hat < p.kappa
+
+
+def stage1_plan(n: int, frac: float, p: FedCorrParams, rng: np.random.Generator) -> list[list[int]]:
+    """The client lists of one stage-1 iteration's sub-rounds: a permutation cut into chunks (fraction
+    scheduling: one client each), or, with ``p.stage1_replace``, draws with replacement."""
+    s_count, m = stage1_shape(n, frac, p.fraction_scheduling, p.stage1_replace)
+    if not p.stage1_replace or m == 1:
+        order = rng.permutation(n).tolist()
+        return [order[j * m:(j + 1) * m] for j in range(s_count)]
+    plan, left = [], np.arange(n)
+    for _ in range(s_count):  # Q5: with replacement within a sub-round, none drawn twice across
+        draw = rng.choice(left, size=m, replace=True)
+        plan.append(draw.tolist())
+        left = np.setdiff1d(left, draw)
+    return plan
+
+
+def stage1_relabel_mask(p: FedCorrParams, logits: torch.Tensor, labels: torch.Tensor, noisy_mask: torch.Tensor,
+                        local_losses: torch.Tensor | None, mu_hat: float) -> torch.Tensor:
+    """Eqs. 6–7 for one LID-noisy client: the samples relabelled to the global model's argmax, the top
+    ⌊π·|D_k^n|⌋ by loss (global or local model, among the GMM-noisy ``noisy_mask`` or all) whose
+    confidence reaches θ. ``logits``: the global model's on the client's samples; ``local_losses``:
+    the client's own per-sample losses (read when ``p.rank_model`` is local)."""
+    # Eq. 6 cap ⌊π·|D_k^n|⌋, or the code's int(n_k·μ̂_k·π): equal up to float rounding
+    count = (int(p.pi_ * int(noisy_mask.sum()))) if p.relabel_cap == "noisy_count" \
+        else int(len(labels) * mu_hat * p.pi_)
+    scores = lnl.sample_losses(logits, labels, p.loss_on) if p.rank_model == "global" else local_losses
+    pool = noisy_mask if p.rank_pool == "noisy" else None
+    return lnl.relabel_mask(logits.softmax(dim=1), p.theta, p.strict_threshold, scores, count, pool)
+
+
+def finetune_targets(p: FedCorrParams, mu_hat: np.ndarray, noisy: np.ndarray) -> list[int]:
+    """The clients relabelled after fine-tuning (Q13): outside S_c (unclean, paper) or the last
+    LID-noisy set (noisy, code)."""
+    chosen = ~clean_clients(mu_hat, p) if p.stage2_relabel == "unclean" else noisy
+    return np.flatnonzero(chosen).tolist()
+
+
 class FedCorr(Method):
     family = "federated label-noise methods"
     Params = FedCorrParams
@@ -234,10 +275,6 @@ class FedCorr(Method):
         """The delegate's context: rounds counted from the start of stage 3, its own seed."""
         return dataclasses.replace(ctx, round=ctx.round - state["start3"],
                                    total_rounds=state["lengths"][USUAL], seed=state["seed3"])
-
-    def _clean(self, mu_hat: np.ndarray) -> np.ndarray:
-        """S_c membership: μ̂_k ≤ κ (Sec. 3.3, code) or < κ (Algorithm 1)."""
-        return mu_hat <= self.kappa if self.kappa_cmp == "le" else mu_hat < self.kappa
 
     # ------------------------------------------------------------------ hooks
     def _schedule(self, n: int, seed: int) -> dict:
@@ -287,23 +324,10 @@ class FedCorr(Method):
         """The sub-round client lists of the stage-1 iteration whose sub-round ``s`` is ``ctx.round``,
         drawn at the iteration's first sub-round."""
         first = dataclasses.replace(ctx, round=ctx.round - s)
-        return self._stage1_plan(ctx.num_clients, first.rng("fedcorr", "stage1_order"))
-
-    def _stage1_plan(self, n: int, rng: np.random.Generator) -> list[list[int]]:
-        """The client lists of one iteration's sub-rounds."""
-        s_count, m = stage1_shape(n, self.fl.frac, self.fraction_scheduling, self.stage1_replace)
-        if not self.stage1_replace or m == 1:
-            order = rng.permutation(n).tolist()
-            return [order[j * m:(j + 1) * m] for j in range(s_count)]
-        plan, left = [], np.arange(n)
-        for _ in range(s_count):  # Q5: with replacement within a sub-round, none drawn twice across
-            draw = rng.choice(left, size=m, replace=True)
-            plan.append(draw.tolist())
-            left = np.setdiff1d(left, draw)
-        return plan
+        return stage1_plan(ctx.num_clients, self.fl.frac, self.params, first.rng("fedcorr", "stage1_order"))
 
     def _clean_pool(self, state, ctx) -> list[int]:
-        pool = np.flatnonzero(self._clean(state["mu_hat"])).tolist()
+        pool = np.flatnonzero(clean_clients(state["mu_hat"], self.params)).tolist()
         if not pool:
             op = "<=" if self.kappa_cmp == "le" else "<"
             raise ValueError(
@@ -465,25 +489,15 @@ class FedCorr(Method):
         for k, noisy_mask in flags.items():
             view = ctx.views(k)
             logits = self._global_predict(state, view, ctx, "fedcorr_relabel1")
-            probs = logits.softmax(dim=1)
-            # Eq. 6 cap ⌊π·|D_k^n|⌋, or the code's int(n_k·μ̂_k·π): equal up to float rounding
-            count = (int(self.pi_ * int(noisy_mask.sum()))) if self.relabel_cap == "noisy_count" \
-                else int(view.size * float(state["mu_hat"][k]) * self.pi_)
-            scores = (lnl.sample_losses(logits, view.labels, self.loss_on) if self.rank_model == "global"
-                      else state["losses"][k])
-            pool = noisy_mask if self.rank_pool == "noisy" else None
-            mask = lnl.relabel_mask(probs, self.theta, self.strict_threshold, scores, count, pool)
-            total += self._relabel(view, mask, probs, ctx)
+            mask = stage1_relabel_mask(self.params, logits, view.labels, noisy_mask, state["losses"].get(k),
+                                       float(state["mu_hat"][k]))
+            total += self._relabel(view, mask, logits.softmax(dim=1), ctx)
         return total
 
     def _finetune_relabel(self, state, ctx) -> int:
         """After fine-tuning: every confident sample of the noisy clients → global prediction."""
-        if self.stage2_relabel == "unclean":
-            targets = np.flatnonzero(~self._clean(state["mu_hat"])).tolist()
-        else:
-            targets = np.flatnonzero(state["noisy"]).tolist()
         total = 0
-        for k in targets:
+        for k in finetune_targets(self.params, state["mu_hat"], state["noisy"]):
             view = ctx.views(k)
             probs = self._global_predict(state, view, ctx, "fedcorr_relabel2").softmax(dim=1)
             total += self._relabel(view, lnl.relabel_mask(probs, self.theta, self.strict_threshold), probs, ctx)

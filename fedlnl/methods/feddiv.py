@@ -192,6 +192,13 @@ def minmax(x: np.ndarray) -> np.ndarray:
     return (x - lo) / (hi - lo) if hi > lo else np.zeros_like(x)
 
 
+def filter_input(loss: torch.Tensor, normalize: bool) -> np.ndarray:
+    """The per-sample losses the client filter is fitted on and applied to, as float64: min-max
+    scaled per client (``normalize``, D5) or raw."""
+    x = loss.detach().double().cpu().numpy()
+    return minmax(x) if normalize else x
+
+
 def passes(values, threshold: float, strict: bool):
     """``values > threshold`` (reference code) or ``values ≥ threshold`` (Eqs. 7, 8)."""
     return values > threshold if strict else values >= threshold
@@ -406,7 +413,7 @@ class FedDiv(Method):
         engine.set_weights(model, state["global"])
         pos = torch.arange(view.size, device=view.indices.device)
         # D15's skip is a training-phase rule (main.py:254): the warm-up trains every client on all its data
-        loss = self._local_train(model, view, view.labels, lambda epoch: pos, ctx.generator("train", view.id),
+        loss = self.local_train(model, view, view.labels, lambda epoch: pos, ctx.generator("train", view.id),
                                  skip_small=False)
         return ClientUpdate(view.id, engine.get_weights(model), view.size, train_loss=loss)
 
@@ -434,7 +441,7 @@ class FedDiv(Method):
             pos = select(epoch)
             sizes.append(int(pos.numel()))
             return pos
-        loss = self._local_train(model, view, train_y, counted, ctx.generator("train", k))
+        loss = self.local_train(model, view, train_y, counted, ctx.generator("train", k))
         if loss is None:  # nothing selected: the client sends the global model back (D15)
             loss = float(F.cross_entropy(logits_g, y))
         # 5. post-training pass: cached de-biased labels and p̂, then the local filter (Alg. 2)
@@ -453,7 +460,7 @@ class FedDiv(Method):
 
     def _split(self, state, cs, loss, ctx, k):
         """(filter used, clean mask, δ̂_k): clean iff the clean-component posterior passes 0.5."""
-        x = self._filter_input(loss)
+        x = filter_input(loss, self.normalize_losses)
         filt = self._client_filter(state, cs, x, ctx, k)
         clean = passes(clean_posterior(x, filt), self.posterior_threshold, self.strict)
         return filt, torch.as_tensor(clean, device=loss.device), 1.0 - float(clean.mean())
@@ -493,7 +500,7 @@ class FedDiv(Method):
             deb = debias(logits, cs["phat"], self.xi)
             cs["cached"] = deb.argmax(1)
             cs["phat"] = update_phat(cs["phat"], logits.softmax(1), self.m, self._phat_mask(deb))
-        x = self._filter_input(sample_loss(logits, labels, self.loss_on_softmax))
+        x = filter_input(sample_loss(logits, labels, self.loss_on_softmax), self.normalize_losses)
         local = fit_filter(x, filt, self.em_max_iter, self.em_tol, self.reg_covar,
                            int(ctx.rng("gmm", view.id).integers(2**31 - 1)))
         return sort_components(local) if self.align_components else local
@@ -534,10 +541,6 @@ class FedDiv(Method):
         return engine.predict(model, view.data, view.indices, self.fl.eval_batch_size,
                               augment=self.augment_passes, gen=gen)
 
-    def _filter_input(self, loss: torch.Tensor) -> np.ndarray:
-        x = loss.detach().double().cpu().numpy()
-        return minmax(x) if self.normalize_losses else x
-
     def _batch_loss(self, model, xb, yb, gen):
         """L_mix (mixup CE, Eq. 13) + η·KL(u ‖ q̄) on the mixed batch."""
         if self.unmixed_forward:  # D14: the reference's unused forward still moves BN statistics
@@ -550,10 +553,11 @@ class FedDiv(Method):
             loss = loss + self.eta_eff * prior_kl(logits)
         return loss
 
-    def _local_train(self, model, view, labels, select, gen, skip_small=True):
-        """SGD over ``local_epochs`` with one optimiser (momentum kept across epochs, as
-        ``engine.local_train``) on the positions ``select(epoch)`` returns; mean batch loss, nan if
-        diverged, None if no step was taken."""
+    def local_train(self, model, view, labels, select, gen, skip_small=True):
+        """A client's local training (the warm-up's and each round's): SGD over ``local_epochs`` with
+        one optimiser (momentum kept across epochs, as ``engine.local_train``) on the positions
+        ``select(epoch)`` returns, with ``labels`` (the client's, after relabelling); mean batch loss,
+        nan if diverged, None if no step was taken."""
         model.train()
         opt = engine.optimizer(model, self.fl.optim())
         total, count = 0.0, 0

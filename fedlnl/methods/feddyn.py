@@ -170,8 +170,8 @@ class FedDyn(Method):
         def losses():  # the batch losses, read once per update (engine.train_steps)
             engine.device_generator(gen, idx.device, fresh=True)
             for _ in range(self.fl.local_epochs):
-                for pos in engine.batches(client.size, self.fl.batch_size, gen, device=idx.device):
-                    xb = client.data.images(idx[pos], augment=self.fl.augment, gen=gen)
+                for pos, xb in engine.epoch_batches(client.data, idx, self.fl.batch_size, gen, augment=self.fl.augment,
+                                                    memory_format=torch.contiguous_format):
                     loss = F.cross_entropy(model(xb), client.labels[pos])
                     yield loss + a_k * engine.linear_term(params, lin)
 

@@ -65,7 +65,7 @@ import torch.nn.functional as F
 
 from fedlnl.conf.checks import flag, nonnegative, positive
 from fedlnl.methods.common import engine, semisup
-from fedlnl.methods.common.noisyclients import (DetectionParams, adjustment, detect_noisy_clients, la_loss,
+from fedlnl.methods.common.noisyclients import (DetectionParams, adjustment, detect_clients, la_loss,
                                                  two_stage_aggregate)
 from fedlnl.methods.common.params import param, rule
 from fedlnl.methods.common.protocol import ClientUpdate
@@ -168,15 +168,9 @@ class FedELC(FedAvg):
     # ------------------------------------------------------------------ server
     def aggregate(self, state, updates, ctx):
         stage2 = state["noisy"] is not None
-        metrics = two_stage_aggregate(state, updates, ctx, self.warmup_rounds, lambda: self._detect(state, ctx),
-                                      self.daagg, self.distance)
+        metrics = two_stage_aggregate(state, updates, ctx, self.warmup_rounds,
+                                      lambda: detect_clients(self, state, ctx, "fedelc"), self.daagg, self.distance)
         if stage2:
             metrics["stage"] = "correction"
             semisup.report_flags(ctx, state["flags"].values())
         return state, metrics
-
-    def _detect(self, state, ctx):
-        """Noisy clients by the global model's per-class losses (methods.md §18.2)."""
-        return detect_noisy_clients(state["model"], state["global"], ctx, state["num_classes"],
-                                    self.fl.eval_batch_size, self.detect_augment, self.gmm_votes, self.gmm_seeds,
-                                    key="fedelc")

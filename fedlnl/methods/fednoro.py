@@ -94,8 +94,8 @@ import torch.nn.functional as F
 from fedlnl.conf.checks import choice, flag, integer, number, positive
 from fedlnl.methods.common import engine
 from fedlnl.methods.common.noisyclients import (  # noqa: F401  (the shared pieces, re-exported)
-    DISTANCES, GMM_SEEDS, adjustment, daagg_weights, detect_noisy_clients, gmm_noisy, gmm_seed_list, la_loss,
-    model_distance, normalise_columns, per_class_losses, two_stage_aggregate)
+    DISTANCES, GMM_SEEDS, adjustment, daagg_weights, detect_clients, detect_noisy_clients, gmm_noisy, gmm_seed_list,
+    la_loss, model_distance, normalise_columns, per_class_losses, two_stage_aggregate)
 from fedlnl.methods.common.noisyclients import DetectionParams
 from fedlnl.methods.common.params import param, rule
 from fedlnl.methods.fedavg import FedAvg
@@ -151,6 +151,12 @@ class FedNoRoParams(DetectionParams):
                             rule(choice, KD_STUDENTS))
 
 
+def kd_weight(p: FedNoRoParams, rnd: int) -> float:
+    """λ of round ``rnd``: the ramp starts at ``p.rampup_begin`` (the code's ``--begin``), counted from
+    the start of the run like the code's rounds, whatever the warm-up length (methods.md §18.3)."""
+    return rampup_weight(rnd, p.rampup_begin, p.rampup_rounds if p.lambda_rampup else 0, p.lambda_)
+
+
 class FedNoRo(FedAvg):
     family = "federated label-noise methods"
 
@@ -158,12 +164,6 @@ class FedNoRo(FedAvg):
 
     def total_rounds(self, info, rounds):
         return self.params.check_rounds(rounds)
-
-    def _weight(self, rnd: int) -> float:
-        """λ of round ``rnd``: the ramp starts at ``rampup_begin`` (the code's ``--begin``), counted
-        from the start of the run like the code's rounds, whatever the warm-up length."""
-        length = self.rampup_rounds if self.lambda_rampup else 0
-        return rampup_weight(rnd, self.rampup_begin, length, self.lambda_)
 
     # ------------------------------------------------------------------ hooks
     def init(self, model, info, ctx):
@@ -181,7 +181,7 @@ class FedNoRo(FedAvg):
                                             **self.fl.training())
         teacher = state["teacher"]
         engine.set_weights(teacher, state["global"])
-        lam = self._weight(ctx.round)
+        lam = kd_weight(self.params, ctx.round)
 
         def loss_fn(model, xb, yb, step, gen):
             out = model(xb)
@@ -193,15 +193,8 @@ class FedNoRo(FedAvg):
 
     def aggregate(self, state, updates, ctx):
         stage2 = state["noisy"] is not None
-        metrics = two_stage_aggregate(state, updates, ctx, self.warmup_rounds, lambda: self._detect(state, ctx),
-                                      self.daagg, self.distance)
+        metrics = two_stage_aggregate(state, updates, ctx, self.warmup_rounds,
+                                      lambda: detect_clients(self, state, ctx, "fednoro"), self.daagg, self.distance)
         if stage2:
-            metrics = {"stage": "training", "lambda": self._weight(ctx.round), **metrics}
+            metrics = {"stage": "training", "lambda": kd_weight(self.params, ctx.round), **metrics}
         return state, metrics
-
-    # ------------------------------------------------------------------ detection
-    def _detect(self, state, ctx) -> np.ndarray:
-        """Per-class losses of the global model on every client → normalised → GMM (paper, stage 1)."""
-        return detect_noisy_clients(state["model"], state["global"], ctx, state["num_classes"],
-                                    self.fl.eval_batch_size, self.detect_augment, self.gmm_votes, self.gmm_seeds,
-                                    key="fednoro")

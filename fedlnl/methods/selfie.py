@@ -92,6 +92,13 @@ class SELFIEParams(Params):
                           rule(integer, 0))
 
 
+def restart_schedule(p: SELFIEParams, rnd: int, total_rounds: int) -> tuple[int, bool]:
+    """(run index, warm-up?) of round ``rnd``: a run is ``total_rounds / (restarts + 1)`` rounds, the
+    first ``warmup_share`` of each a warm-up."""
+    per_run = max(1, total_rounds // (p.restarts + 1))
+    return rnd // per_run, rnd % per_run < int(p.warmup_share * per_run)
+
+
 class SELFIE(Method):
     family = "label-noise learning as local training"
 
@@ -109,13 +116,8 @@ class SELFIE(Method):
                 "given": torch.full((n,), -1, dtype=torch.long, device=device),  # observed labels of seen samples
                 "tau0": lnl.rate_value("noise_rate", self.noise_rate, info), "tau": {}, "run": 0}
 
-    def _schedule(self, ctx) -> tuple[int, bool]:
-        """(run index, warm-up?) of this round; a run is ``total_rounds / (restarts + 1)`` rounds."""
-        per_run = max(1, ctx.total_rounds // (self.restarts + 1))
-        return ctx.round // per_run, ctx.round % per_run < int(self.warmup_share * per_run)
-
     def sample_clients(self, state, ctx):
-        run, _ = self._schedule(ctx)
+        run, _ = restart_schedule(self.params, ctx.round, ctx.total_rounds)
         if run > state["run"]:  # the server starts a new run (official: re-initialise, clear histories)
             fresh = semisup.fresh_copy(state["model"], engine.child_seed(ctx.generator("restart", run)), "all")
             state["global"], state["run"] = engine.get_weights(fresh), run
@@ -156,7 +158,7 @@ class SELFIE(Method):
         model = state["model"]
         engine.set_weights(model, state["global"])
         h, corrected = state["history"], state["corrected"]
-        _, warm = self._schedule(ctx)
+        _, warm = restart_schedule(self.params, ctx.round, ctx.total_rounds)
         tau = self.client_tau(state, client)
         before = corrected[client.indices].clone()
         state["given"][client.indices] = client.labels
@@ -192,7 +194,7 @@ class SELFIE(Method):
         seen = (state["given"] >= 0).nonzero().flatten()
         corrected = state["corrected"][seen]
         ctx.report_samples(seen, (corrected >= 0) & (corrected != state["given"][seen]))
-        _, warm = self._schedule(ctx)
+        _, warm = restart_schedule(self.params, ctx.round, ctx.total_rounds)
         share = float((corrected >= 0).float().mean()) if seen.numel() else 0.0
         return state, {"stage": "warmup" if warm else "selfie", "refurbished": share}
 

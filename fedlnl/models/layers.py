@@ -9,7 +9,9 @@
 - ``ClientDropout``: dropout whose masks come from the generator bound by ``random_source`` (the
   runner binds one per client update, seeded from the client's stream, and one for the server's
   steps), not from torch's global RNG, so a run does not depend on the order clients are trained
-  in. Outside ``random_source`` (a model used on its own) it falls back to the global RNG.
+  in. Outside ``random_source`` (a model used on its own) it falls back to the global RNG. A
+  diverged local update replayed with the per-step check restores them first (``source_state``),
+  so the replay draws the masks of the first pass.
 """
 from __future__ import annotations
 
@@ -34,6 +36,25 @@ def random_source(gen: torch.Generator):
         yield
     finally:
         _SOURCE.reset(token)
+
+
+def source_state() -> dict | None:
+    """The states of the generators ``random_source`` bound (None outside it): ``restore_source``
+    returns them to it, so a replayed pass (``engine.train_steps``) draws the same dropout masks."""
+    source = _SOURCE.get()
+    return None if source is None else {key: gen.get_state() for key, gen in source.items()}
+
+
+def restore_source(saved: dict | None) -> None:
+    """The bound generators as ``source_state`` saw them; one made since (on another device, seeded by
+    a draw of the bound one) is dropped and made again, from the same draw, when next needed."""
+    source = _SOURCE.get()
+    if source is None or saved is None:
+        return
+    for key in [k for k in source if k not in saved]:
+        del source[key]
+    for key, state in saved.items():
+        source[key].set_state(state)
 
 
 def _generator(device: torch.device) -> torch.Generator | None:

@@ -44,8 +44,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedlnl.methods.common import placement
+from fedlnl.methods.common import compiled, placement
 from fedlnl.methods.common.protocol import OPTIMIZERS, ClientUpdate, Optim
+from fedlnl.models import layers
 
 
 # --------------------------------------------------------------------------------------- data
@@ -94,14 +95,23 @@ class TensorData:
             xb = _crop_flip(xb, gen, **self.augment)  # NHWC-strided: channels-last needs no copy
         return ((xb - self.mean) / self.std).contiguous(memory_format=memory_format)
 
+    def stream_uint8(self, batches) -> Iterator[torch.Tensor]:
+        """The raw images of each index batch on the device, in order. Under host placement the next
+        batch's gather and copy are issued before a batch is handed out (``HostImages.stream``: one
+        batch in flight while the caller trains on this one), and the indices are read to the host
+        once for all ``batches`` (``placement.on_host``), not once per batch."""
+        batches = list(batches)
+        if self.host is None:
+            return (self.x[idx] for idx in batches)
+        return self.host.stream(placement.on_host(batches))
+
     def stream_images(self, batches, augment: bool = False, gen: torch.Generator | None = None,
                       memory_format: torch.memory_format = torch.contiguous_format):
         """``images`` of each index batch in turn, for a loop that knows its batches ahead: under host
         placement the next batch's copy is in flight while one is used (the random draws stay in
         batch order: only the uint8 copy runs ahead)."""
         batches = list(batches)
-        raws = self.host.stream(batches) if self.host is not None else (self.x[idx] for idx in batches)
-        for idx, raw in zip(batches, raws):
+        for idx, raw in zip(batches, self.stream_uint8(batches)):
             yield self.images(idx, augment, gen, memory_format, raw=raw)
 
     def plain(self, memory_format: torch.memory_format = torch.contiguous_format,
@@ -166,6 +176,20 @@ def _crop_flip(x: torch.Tensor, gen: torch.Generator | None, crop: int, pad: int
     return out.permute(0, 3, 1, 2)
 
 
+def epoch_batches(data: TensorData, idx: torch.Tensor, batch_size: int, gen: torch.Generator, *, augment: bool,
+                  memory_format: torch.memory_format) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """(positions, their images) for each shuffled mini-batch of one pass over ``idx``: what a
+    local-training loop iterates. The shuffle is drawn first, then each batch's augmentation when
+    the batch is handed out, so the draws are those of a loop calling ``batches`` and ``images``
+    in turn; under host placement batch k+1's copy is issued before batch k is handed out, so it
+    runs while batch k trains (``TensorData.stream_uint8``). A pass's first batch is not prefetched
+    during the previous pass: its shuffle is not drawn yet."""
+    positions = list(batches(idx.numel(), batch_size, gen, device=idx.device))
+    rows = [idx[pos] for pos in positions]
+    for pos, row, raw in zip(positions, rows, data.stream_uint8(rows)):
+        yield pos, data.images(row, augment, gen, memory_format, raw=raw)
+
+
 def batches(n: int, batch_size: int, gen: torch.Generator, shuffle: bool = True,
             device: torch.device | str | None = None) -> Iterator[torch.Tensor]:
     """Positions 0..n-1 in shuffled mini-batches (the last one may be short, like drop_last=False),
@@ -208,7 +232,7 @@ def optimizer(model: nn.Module, optim: Optim) -> torch.optim.Optimizer:
     reference codes keep no optimiser state across rounds)."""
     params = model.parameters()
     if optim.name == "sgd":
-        return torch.optim.SGD(params, lr=optim.lr, momentum=optim.momentum, weight_decay=optim.weight_decay)
+        return compiled.sgd_class()(params, lr=optim.lr, momentum=optim.momentum, weight_decay=optim.weight_decay)
     if optim.name == "adam":
         return torch.optim.Adam(params, lr=optim.lr, betas=tuple(optim.betas), weight_decay=optim.weight_decay)
     raise ValueError(f"optimizer {optim.name!r} is unknown: allowed {', '.join(OPTIMIZERS)}")
@@ -427,13 +451,15 @@ def train_steps(model: nn.Module, opt: torch.optim.Optimizer, gen: torch.Generat
 
     No host read per step (on a GPU one would stall the launch queue every batch): the losses stay on
     the device and are read once at the end. Divergence (a non-finite loss) is thus seen after the
-    pass; the model (weights and buffers), the optimiser state and ``gen`` are then restored and the
-    pass replayed with the per-step check (``sgd_step``), which stops before stepping on the first
-    non-finite loss and returns the losses up to and including it: the weights and losses of a pass
-    that checked every step. ``losses()`` must therefore be repeatable from ``gen`` alone (every loss function
-    here is; one that keeps state across batches outside ``gen`` would see its state advanced twice).
+    pass; the model (weights and buffers), the optimiser state, ``gen`` and the generators dropout
+    draws from (``layers.random_source``) are then restored and the pass replayed with the per-step
+    check (``sgd_step``), which stops before stepping on the first non-finite loss and returns the
+    losses up to and including it: the weights, losses and random draws (shuffles, augmentation,
+    dropout masks) of a pass that checked every step. ``losses()`` must therefore be repeatable from
+    those generators alone (every loss function here is; one that keeps state across batches outside
+    them would see its state advanced twice).
     """
-    start = (get_weights(model), copy.deepcopy(opt.state_dict()), gen.get_state())
+    start = (get_weights(model), copy.deepcopy(opt.state_dict()), gen.get_state(), layers.source_state())
     _DEVICE_GENS.pop(gen, None)  # a device generator for ``gen`` is made anew from ``gen`` in each pass
     kept = []
     for loss in losses():
@@ -445,6 +471,7 @@ def train_steps(model: nn.Module, opt: torch.optim.Optimizer, gen: torch.Generat
     set_weights(model, start[0])
     opt.load_state_dict(start[1])
     gen.set_state(start[2])
+    layers.restore_source(start[3])  # the dropout masks of the first pass again
     _DEVICE_GENS.pop(gen, None)
     values = []
     for loss in losses():
@@ -457,6 +484,7 @@ def train_steps(model: nn.Module, opt: torch.optim.Optimizer, gen: torch.Generat
 LossFn = Callable[[nn.Module, torch.Tensor, torch.Tensor, int, torch.Generator], torch.Tensor]
 
 
+@compiled.pure
 def ce_loss(model, xb, yb, step, gen):
     return F.cross_entropy(model(xb), yb)
 
@@ -486,12 +514,13 @@ def local_train(
     """
     model.train()
     fmt = memory_format(model, data.device)
+    loss_fn = compiled.loss(loss_fn, batch_size)  # ``compile: true``: the compiled step where it applies
 
     def losses():
         device_generator(gen, idx.device, fresh=True)  # replayed from ``gen`` alone (train_steps)
         for _ in range(epochs):
-            for step, pos in enumerate(batches(idx.numel(), batch_size, gen, device=idx.device)):
-                xb = data.images(idx[pos], augment=augment, gen=gen, memory_format=fmt)
+            for step, (pos, xb) in enumerate(epoch_batches(data, idx, batch_size, gen, augment=augment,
+                                                           memory_format=fmt)):
                 yield loss_fn(model, xb, labels[pos], step, gen)
 
     values = train_steps(model, (opt_fn or optimizer)(model, optim), gen, losses)
@@ -517,8 +546,8 @@ def epoch_loop(model: nn.Module, opt: torch.optim.Optimizer, data: TensorData, i
 
     def losses():
         device_generator(gen, idx.device, fresh=True)
-        for pos in batches(idx.numel(), batch_size, gen, device=idx.device):
-            yield loss_fn(model, data.images(idx[pos], augment=augment, gen=gen, memory_format=fmt), pos)
+        for pos, xb in epoch_batches(data, idx, batch_size, gen, augment=augment, memory_format=fmt):
+            yield loss_fn(model, xb, pos)
 
     return train_steps(model, opt, gen, losses)
 

@@ -122,6 +122,13 @@ def gmm_seed_list(votes: int, form: str, rng: np.random.Generator) -> list[int]:
     return rng.integers(2**31 - 1, size=votes).tolist()
 
 
+def detect_clients(method, state, ctx, key: str) -> np.ndarray:
+    """:func:`detect_noisy_clients` for a two-stage method (its ``DetectionParams`` and ``fl``) on its
+    state's model, global weights and number of classes (FedNoRo stage 1, methods.md §18.2)."""
+    return detect_noisy_clients(state["model"], state["global"], ctx, state["num_classes"], method.fl.eval_batch_size,
+                                method.detect_augment, method.gmm_votes, method.gmm_seeds, key=key)
+
+
 def detect_noisy_clients(model, weights, ctx, num_classes: int, batch_size: int, augment: bool, votes: int,
                          seeds: str, key: str) -> np.ndarray:
     """Load ``weights`` (the global model) into ``model``; its per-class losses (eval mode) on every

@@ -84,8 +84,7 @@ def train(nets: tuple[nn.Module, nn.Module], data, idx: torch.Tensor, labels: to
 
     def losses():
         for _ in range(epochs):
-            for pos in engine.batches(idx.numel(), batch_size, gen, device=idx.device):
-                xb = data.images(idx[pos], augment=augment, gen=gen, memory_format=fmt)
+            for pos, xb in engine.epoch_batches(data, idx, batch_size, gen, augment=augment, memory_format=fmt):
                 out = rule(nets[0](xb), nets[1](xb), labels[pos], pos)
                 if out is not None:
                     yield out[0] + out[1]

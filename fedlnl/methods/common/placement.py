@@ -5,8 +5,12 @@ batch copied to the device.
 - ``host``: the set stays in host memory, pinned when CUDA is present; each batch is gathered on
   the host and copied with ``non_blocking`` on a side CUDA stream, the compute stream waiting for
   the copy (no host wait). ``HostImages.stream`` keeps one batch in flight: batch t+1's gather and
-  copy are issued before batch t is handed out. The images are the same bytes, so the numbers equal
-  device placement's (on the CPU the two hold the same tensor; the test runs the host code path).
+  copy are issued before batch t is handed out, so the copy runs while batch t trains. Every
+  local-training loop takes its batches that way (``engine.epoch_batches``, ``TensorData.stream_uint8``:
+  the indices of a pass read to the host once); other reads (scoring passes, a loss's extra
+  samples) gather a batch when asked (``HostImages.gather``). The images are the same bytes, so the
+  numbers equal device placement's (on the CPU the two hold the same tensor; the tests run the host
+  code path there, the copy on a side stream only with CUDA).
 - ``auto``: ``host`` when the set would take more than ``DEVICE_SHARE`` of the device's free memory
   (``torch.cuda.mem_get_info``) and always for Clothing1M at full size (~196 GB as uint8 at 256x256,
   more than any card); ``device`` otherwise, and on the CPU.
@@ -43,6 +47,15 @@ def host_copy(x: torch.Tensor) -> torch.Tensor:
     """``x`` in host memory, pinned when CUDA is present (pinned pages make the copies asynchronous)."""
     x = x.cpu()
     return x.pin_memory() if torch.cuda.is_available() else x
+
+
+def on_host(batches: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Index batches on the host. Made on a device (the shuffle is drawn there), they are read in
+    one copy for all of them: a read per batch would make the host wait for the device every step,
+    and the prefetch could not run ahead of the step in progress."""
+    if not batches or all(b.device.type == "cpu" for b in batches):
+        return batches
+    return list(torch.cat(batches).cpu().split([b.numel() for b in batches]))
 
 
 class HostImages:

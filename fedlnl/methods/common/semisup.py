@@ -288,26 +288,31 @@ def dividemix_epoch(net, peer, opt, data, idx, labels, w, *, p_threshold, T, alp
     prior = torch.full((num_classes,), 1.0 / num_classes, device=labels.device)
     fmt = engine.memory_format(net, labels.device)
 
+    def unlabeled_pass():  # (indices, raw images) of each unlabeled mini-batch, the next one's copy in flight
+        usels = [idx[unl[upos]] for upos in engine.batches(unl.numel(), batch_size, gen, device=unl.device)]
+        return zip(usels, data.stream_uint8(usels))
+
     def losses():  # one MixMatch loss per labeled mini-batch, stepped by engine.train_steps
         engine.device_generator(gen, lab.device, fresh=True)  # the draws stay on the device
         lab_batches = list(engine.batches(lab.numel(), batch_size, gen, device=lab.device))
+        rows = [idx[lab[pos]] for pos in lab_batches]
         unl_iter = iter(())
-        for b, pos in enumerate(lab_batches):
+        for b, (pos, row, raw) in enumerate(zip(lab_batches, rows, data.stream_uint8(rows))):
             sel = lab[pos]
-            x1 = data.images(idx[sel], augment=augment, gen=gen, memory_format=fmt)
-            x2 = data.images(idx[sel], augment=augment, gen=gen, memory_format=fmt)
+            x1 = data.images(row, augment=augment, gen=gen, memory_format=fmt, raw=raw)
+            x2 = data.images(row, augment=augment, gen=gen, memory_format=fmt, raw=raw)
             y = F.one_hot(labels[sel], num_classes).float()
             views = [x1, x2]
             with torch.no_grad():
                 targets = [refine_labels(y, w[sel], (net(x1).softmax(1) + net(x2).softmax(1)) / 2, T)] * 2
                 if unl.numel():
                     upos = next(unl_iter, None)
-                    if upos is None:
-                        unl_iter = iter(engine.batches(unl.numel(), batch_size, gen, device=unl.device))
+                    if upos is None:  # the unlabeled set exhausted: a new pass, its shuffle drawn now
+                        unl_iter = unlabeled_pass()
                         upos = next(unl_iter)
-                    usel = idx[unl[upos]]
-                    u1 = data.images(usel, augment=augment, gen=gen, memory_format=fmt)
-                    u2 = data.images(usel, augment=augment, gen=gen, memory_format=fmt)
+                    usel, uraw = upos
+                    u1 = data.images(usel, augment=augment, gen=gen, memory_format=fmt, raw=uraw)
+                    u2 = data.images(usel, augment=augment, gen=gen, memory_format=fmt, raw=uraw)
                     q = co_guess([m(u).softmax(1) for m in (net, peer) for u in (u1, u2)], T)
                     views += [u1, u2]
                     targets += [q, q]
