@@ -147,9 +147,12 @@ def ops_ratios(model: str, methods=("fedavg", "fedprox", "feddyn"), epochs=(1, 2
 
 def term_ops(model_name: str) -> dict:
     """Dispatched ops of one batch-10 SGD step (forward, backward, step) of ``model_name`` on 32x32
-    images, alone and with the proximal / FedDyn linear term written tensor by tensor (the former
-    form) or fused (``engine.prox_sq`` / ``engine.linear_term``), measured in this one process."""
+    images: plain (FedAvg), and with FedProx's term (μ/2·‖w − w_g‖²) or FedDyn's (a_k·Σ⟨p, c⟩ with
+    the weight decay its optimiser adds) written tensor by tensor (the reference expressions) or as
+    the methods run them (``engine.prox_penalty`` with μ passed in, ``engine.linear_term``)."""
     from fedlnl.methods.common import engine
+    from fedlnl.methods.common.protocol import Optim
+    from fedlnl.methods.feddyn import FusedDecay
     from fedlnl.models.lenet import LeNet
     from fedlnl.models.resnet import resnet18
 
@@ -158,23 +161,28 @@ def term_ops(model_name: str) -> dict:
     params = list(model.parameters())
     anchor = [p.detach().clone() for p in params]
     coef = [torch.randn_like(p) for p in params]
-    opt = torch.optim.SGD(params, lr=0.01, momentum=0.5)
     x, y = torch.randn(10, 3, 32, 32), torch.randint(0, 10, (10,))
-    terms = {
-        "none": lambda: 0.0,
-        "prox per tensor": lambda: 0.005 * sum(((p - a) ** 2).sum() for p, a in zip(params, anchor)),
-        "prox fused": lambda: 0.005 * engine.prox_sq(model, anchor),
-        "linear per tensor": lambda: 0.1 * sum((p * c).sum() for p, c in zip(params, coef)),
-        "linear fused": lambda: 0.1 * engine.linear_term(params, coef),
+    def sgd(wd=0.0):
+        return lambda: torch.optim.SGD(params, lr=0.01, momentum=0.5, weight_decay=wd)
+
+    terms = {  # name: (term, optimiser)
+        "none": (lambda: 0.0, sgd()),
+        "prox per tensor": (lambda: 0.01 * (0.5 * sum(((p - a) ** 2).sum() for p, a in zip(params, anchor))), sgd()),
+        "prox fused": (lambda: engine.prox_penalty(model, anchor, "half_squared", 0.01), sgd()),
+        "linear per tensor": (lambda: 0.1 * sum((p * c).sum() for p, c in zip(params, coef)), sgd(0.1)),
+        "linear fused": (lambda: 0.1 * engine.linear_term(params, coef),
+                         lambda: FusedDecay(0.1)(model, Optim("sgd", 0.01, 0.0, 0.5))),
     }
     out = {}
-    for name, term in terms.items():
-        ops = Ops()
-        with ops:
-            loss = torch.nn.functional.cross_entropy(model(x), y) + term()
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
+    for name, (term, make_opt) in terms.items():
+        opt = make_opt()
+        for _ in range(2):  # the second step: momentum buffers exist, as in every later step
+            ops = Ops()
+            with ops:
+                loss = torch.nn.functional.cross_entropy(model(x), y) + term()
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                opt.step()
         out[name] = ops.n
     return out
 

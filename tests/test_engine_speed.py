@@ -1,5 +1,6 @@
 """The fast paths of engine keep the numbers: no host read per training step, a diverged update
 ends where the per-step loop stopped, cached/channels-last inputs equal the per-batch ones."""
+import copy
 import importlib.util
 import math
 
@@ -10,6 +11,7 @@ import torch.nn.functional as F
 from fedlnl.methods.common import engine
 from fedlnl.methods.common.protocol import Optim
 from fedlnl.models.lenet import LeNet
+from fedlnl.models.resnet import resnet18
 
 from conftest import REPO, method_names
 
@@ -141,27 +143,109 @@ def test_evaluate_and_predict_match_the_nchw_forward_pass():
     assert model.training  # mode restored
 
 
-def test_fused_prox_and_linear_terms_equal_the_per_tensor_expressions_bit_for_bit():
-    """prox_sq and linear_term (torch._foreach_* across the parameter tensors) give the value and the
-    gradients of Σ‖p − a‖² and Σ⟨p, c⟩ written tensor by tensor, bit for bit."""
+def _tiny_resnet18():
+    torch.manual_seed(0)
+    return resnet18(10, (3, 32, 32))
+
+
+def _reference_term(kind, params, anchor, coef, mu):
+    """The per-tensor autograd expressions the fused terms replace (Python's sum starts at 0)."""
+    if kind == "linear":
+        return mu * sum((p * c).sum() for p, c in zip(params, coef))
+    sq = sum(((p - a) ** 2).sum() for p, a in zip(params, anchor))
+    penalty = {"half_squared": 0.5 * sq, "squared": sq, "norm": sq.clamp_min(1e-24).sqrt()}[kind]
+    return mu * penalty
+
+
+def _fused_term(kind, model, params, anchor, coef, mu):
+    if kind == "linear":  # FedDyn: a_k * linear_term(...)
+        return mu * engine.linear_term(params, coef)
+    return engine.prox_penalty(model, anchor, kind, mu)  # FedProx passes μ in
+
+
+@pytest.mark.parametrize("make_model", [lambda: LeNet(10, (3, 32, 32)), _tiny_resnet18], ids=["lenet", "resnet18"])
+@pytest.mark.parametrize("kind,mu", [("half_squared", 0.01), ("half_squared", 1.0), ("squared", 0.3),
+                                     ("norm", 1.0), ("linear", 0.01)])
+def test_fused_terms_equal_the_per_tensor_expressions_bit_for_bit_over_sgd_steps(make_model, kind, mu):
+    """prox_penalty (μ passed in) and linear_term — fused across the parameter tensors, their
+    gradient added to .grad after the backward pass — give the loss values, the gradients and hence
+    the weights of the per-tensor autograd expressions bit for bit, step after step (momentum SGD)."""
+    torch.manual_seed(0)
+    model = make_model()
+    torch.manual_seed(1)
+    anchor = [p.detach() + 0.01 * torch.randn_like(p) for p in model.parameters()]
+    coef = [torch.randn_like(p) for p in model.parameters()]
+    g = torch.Generator().manual_seed(2)
+    batches = [(torch.randn(4, 3, 32, 32, generator=g), torch.randint(0, 10, (4,), generator=g)) for _ in range(4)]
+
+    def run(fused):
+        m = copy.deepcopy(model)
+        params = list(m.parameters())
+        opt = torch.optim.SGD(params, lr=0.05, momentum=0.5)
+        values, grads = [], []
+        for x, y in batches:
+            term = (_fused_term if fused else lambda k, mo, *a: _reference_term(k, *a))(kind, m, params, anchor, coef, mu)
+            loss = F.cross_entropy(m(x), y) + term
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            values.append(loss.detach())
+            grads.append([p.grad.clone() for p in params])
+            opt.step()
+        return values, grads, [p.detach() for p in params]
+
+    (va, ga, wa), (vb, gb, wb) = run(False), run(True)
+    assert all(torch.equal(a, b) for a, b in zip(va, vb)), (va, vb)
+    for step, (sa, sb) in enumerate(zip(ga, gb)):
+        assert all(torch.equal(a, b) for a, b in zip(sa, sb)), step
+    assert all(torch.equal(a, b) for a, b in zip(wa, wb))
+    assert any(not torch.equal(a, b) for a, b in zip(ga[0], ga[1]))  # the steps moved the weights
+
+
+def test_fused_terms_under_autograd_grad_and_for_a_parameter_only_the_term_reaches():
+    """Where backward does not accumulate into every .grad (autograd.grad) the fused terms return
+    their gradient as usual; a parameter the rest of the loss does not reach gets the term's alone."""
     torch.manual_seed(0)
     model = LeNet(10, (3, 32, 32))
+    model.unused = torch.nn.Parameter(torch.randn(3))
     params = list(model.parameters())
     anchor = [p.detach() + 0.01 * torch.randn_like(p) for p in params]
-    coef = [torch.randn_like(p) for p in params]
-    x = torch.randn(4, 3, 32, 32)
-
-    def value_and_grads(fused):
+    x, y = torch.randn(2, 3, 32, 32), torch.arange(2)
+    for kind, mu in (("half_squared", 0.01), ("linear", 0.3)):
+        def loss(fused):
+            term = (_fused_term(kind, model, params, anchor, anchor, mu) if fused
+                    else _reference_term(kind, params, anchor, anchor, mu))
+            return F.cross_entropy(model(x), y) + term
+        ref = torch.autograd.grad(loss(False), params)
+        assert all(torch.equal(a, b) for a, b in zip(ref, torch.autograd.grad(loss(True), params))), kind
         model.zero_grad(set_to_none=True)
-        if fused:
-            extra = 0.3 * engine.prox_sq(model, anchor) + 0.7 * engine.linear_term(params, coef)
-        else:
-            extra = (0.3 * sum(((p - a) ** 2).sum() for p, a in zip(params, anchor))
-                     + 0.7 * sum((p * c).sum() for p, c in zip(params, coef)))
-        loss = F.cross_entropy(model(x), torch.arange(4)) + extra
-        loss.backward()
-        return loss.detach(), [p.grad.clone() for p in params]
+        loss(True).backward()
+        assert all(torch.equal(a, p.grad) for a, p in zip(ref, params)), kind
+        i = next(i for i, p in enumerate(params) if p is model.unused)
+        assert torch.equal(model.unused.grad, ref[i]) and model.unused.grad.abs().sum() > 0
 
-    (a, ga), (b, gb) = value_and_grads(False), value_and_grads(True)
-    assert torch.equal(a, b)
-    assert all(torch.equal(u, v) for u, v in zip(ga, gb))
+
+def test_sums_in_order_equals_the_ordered_sum_bit_for_bit():
+    g = torch.Generator().manual_seed(0)
+    for n in (1, 10, 62):
+        for _ in range(200):
+            scale = 10.0 ** torch.randint(-4, 5, (n,), generator=g)
+            ts = [torch.randn(int(k), generator=g) * s for k, s in zip(torch.randint(1, 3000, (n,), generator=g), scale)]
+            assert torch.equal(engine.sums_in_order(ts), engine.ordered_sum(ts))
+
+
+#: dispatched ops per local step allowed relative to FedAvg's (issue 22 b)
+OPS_RATIO = 1.15
+
+
+def test_fedprox_and_feddyn_dispatch_at_most_115_percent_of_fedavgs_ops_per_step_on_lenet():
+    """Ops are counted (a TorchDispatchMode), not timed: deterministic. Whole local training at tiny
+    size, 1 vs 2 local epochs, LeNet-5 on 32x32 crop+flip (benchmarks/steps.py)."""
+    ratios = steps.ops_ratios("lenet")
+    assert ratios["fedprox"][1] <= OPS_RATIO and ratios["feddyn"][1] <= OPS_RATIO, ratios
+
+
+def test_prox_and_linear_terms_add_at_most_15_percent_to_a_resnet18_sgd_step():
+    """One batch-10 SGD step of ResNet-18 (forward, backward, step): with FedProx's term and with
+    FedDyn's (and its weight decay) at most 1.15x the ops of the plain step."""
+    ops = steps.term_ops("resnet18")
+    assert ops["prox fused"] <= OPS_RATIO * ops["none"] and ops["linear fused"] <= OPS_RATIO * ops["none"], ops

@@ -58,7 +58,7 @@ class FedProx(FedAvg):
         def loss_fn(model, xb, yb, step, gen):
             loss = F.cross_entropy(model(xb), yb)
             if self.mu > 0 and not (self.prox_skip_first and step == 0):
-                loss = loss + self.mu * engine.prox_penalty(model, anchor, self.prox_form)
+                loss = loss + engine.prox_penalty(model, anchor, self.prox_form, self.mu)  # = μ·prox, bit for bit
             return loss
 
         return engine.train_from_global(

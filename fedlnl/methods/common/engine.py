@@ -21,14 +21,19 @@ Speed notes:
   once per local update from it). Per-batch scalars a method needs on the host (mixup's λ, FedLSR's
   ω) come from the host generator (``host_draw``), which never waits for the device.
 - Per-parameter terms (the proximal term, FedDyn's linear term) run fused across the parameter
-  tensors (``torch._foreach_*``) with the per-tensor sums kept in order, so their values and
-  gradients equal the per-tensor expressions bit for bit (``prox_sq``, ``linear_term``).
+  tensors (``torch._foreach_*``): one sum per tensor into a reused buffer, added in order by one op
+  (``sums_in_order``), and the gradient added to ``.grad`` after the backward pass by one op
+  (``_add_to_grads_after_backward``), so their values and gradients equal the per-tensor
+  expressions bit for bit (``prox_penalty``, ``prox_sq``, ``linear_term``) at about n + 10 ops a
+  step for n parameter tensors (a sum each), not 3 per tensor (+ an in-order add, + autograd's
+  accumulation of a second gradient).
   ``benchmarks/steps.py`` counts host reads, device moves and dispatched ops per step of every method.
 """
 from __future__ import annotations
 
 import copy
 import math
+import threading
 import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -268,67 +273,154 @@ def mixup_ce(logits: torch.Tensor, ya: torch.Tensor, yb: torch.Tensor, lam: floa
 
 def prox_sq(model: nn.Module, anchor: list[torch.Tensor]) -> torch.Tensor:
     """Σ_params ‖w − w_g‖² over trainable parameters (buffers excluded)."""
-    return _ProxSq.apply(anchor, *model.parameters())
+    return _prox(model, anchor, half=False, mu=1.0)
 
 
 def linear_term(params: list[torch.Tensor], coef: list[torch.Tensor]) -> torch.Tensor:
     """Σ_i ⟨p_i, c_i⟩ over parameter tensors with constant coefficients ``coef`` (FedDyn's linear term)."""
+    if torch.compiler.is_compiling():  # the compiler fuses the plain expression itself
+        return ordered_sum(p.mul(c).sum() for p, c in zip(params, coef))
     return _Linear.apply(coef, *params)
 
 
 def ordered_sum(ts) -> torch.Tensor:
     """0 + Σ_i sum(t_i), tensor by tensor in order: the value of the per-tensor expression bit for bit
-    (one flat sum would add in another order and change the last bits)."""
+    (one flat sum would add in another order and change the last bits). Two ops per tensor: the
+    reference form (``sums_in_order`` gives the same value in n + 2)."""
     total = 0
     for t in ts:
         total = total + t.sum()
     return total
 
 
+_SUM_SLOTS: dict = {}
+
+
+def sums_in_order(ts: list[torch.Tensor]) -> torch.Tensor:
+    """``ordered_sum(ts)`` bit for bit in len(ts) + 2 dispatched ops instead of 2·len(ts): each
+    tensor's sum (the same reduction kernel) written into a slot of one reused buffer, and the slots
+    added in order onto 0 by one ``index_add`` with every index 0. On the CPU ``index_add`` into one
+    element accumulates serially in the tensor's dtype, exactly 0 + s_1 + s_2 + … (tested against
+    ``ordered_sum``); on CUDA it adds with atomics (deterministic under ``determinism=strict``, else
+    the value's last bits may vary). No autograd (``out=``): for the terms' ``forward``."""
+    t0 = ts[0]
+    key = (t0.device, t0.dtype, len(ts), threading.get_ident())  # a buffer per thread: no shared writes
+    if key not in _SUM_SLOTS:
+        buf = torch.zeros(len(ts), dtype=t0.dtype, device=t0.device)
+        _SUM_SLOTS[key] = (buf, buf.unbind(), torch.zeros(1, dtype=t0.dtype, device=t0.device),
+                           torch.zeros(len(ts), dtype=torch.long, device=t0.device))
+    buf, slots, zero, index = _SUM_SLOTS[key]
+    for t, slot in zip(ts, slots):
+        torch.sum(t, dim=(), out=slot)
+    return torch.index_add(zero, 0, index, buf).view(())
+
+
+def _accumulates(ctx) -> bool:
+    """Whether the running backward pass accumulates into the ``.grad`` of every tensor input of
+    ``ctx`` (the parameters: a term's only tensor inputs), i.e. runs all their AccumulateGrad nodes."""
+    try:
+        return all(node is not None and torch._C._will_engine_execute_node(node)
+                   for node, _ in ctx.next_functions)
+    except RuntimeError:  # torch refuses the question for a leaf under autograd.grad: no accumulation
+        return False
+
+
+def _add_to_grads_after_backward(ctx, params, grads) -> tuple:
+    """The gradients of a term's parameter inputs, as ``backward`` returns them. Where this backward
+    pass accumulates into every parameter's ``.grad`` (``loss.backward()``), they are instead added
+    to the ``.grad`` tensors once the pass has ended, with one ``_foreach_add_``: returned, autograd
+    would add each one to the loss's other gradient with an op per tensor. Float addition of two
+    terms is commutative, so ``.grad`` gets the same bits either way. Under ``autograd.grad`` or
+    ``backward(inputs=…)`` (no accumulation into every ``.grad``) they are returned as usual."""
+    if torch.compiler.is_compiling() or not _accumulates(ctx):
+        return tuple(grads)
+
+    def add():
+        fresh = [p.grad is None for p in params]
+        have = [(p.grad, g) for p, g, f in zip(params, grads, fresh) if not f]
+        if have:
+            torch._foreach_add_([a for a, _ in have], [g for _, g in have])
+        for p, g, f in zip(params, grads, fresh):
+            if f:  # a parameter the rest of the loss does not reach
+                p.grad = g
+
+    torch.autograd.Variable._execution_engine.queue_callback(add)
+    return (None,) * len(grads)
+
+
+def _as_f32(x: float) -> float:
+    """``x`` rounded to float32, as a float32 tensor op rounds a Python scalar operand."""
+    return float(np.float32(x))
+
+
 class _ProxSq(torch.autograd.Function):
-    """Σ_i ‖p_i − a_i‖² with its differences, squares and gradient fused across the parameter tensors
-    (``torch._foreach_*``: a few launches, not several per tensor). Equal bit for bit to the per-tensor
-    expression: the same elementwise values, summed in the same order (``ordered_sum``), and the
-    gradient autograd forms for it, g·(2(p_i − a_i)) (pow's backward)."""
+    """μ·s·Σ_i ‖p_i − a_i‖² (s = ½ or 1) with its differences, squares and gradient fused across the
+    parameter tensors (``torch._foreach_*``): a few ops, not several per tensor. Equal bit for bit to
+    the per-tensor expression μ * (½ * Σ_i ((p_i − a_i) ** 2).sum()) and its autograd gradient:
+
+    - value: the same squares summed in the same order (``sums_in_order``), then × ½ and × μ;
+    - gradient: autograd forms g·μ, then ×½, then × 2(p_i − a_i) (pow's backward); ½ and 2 are exact
+      scalings, so that is (p_i − a_i)·(g·μ) with one rounding, formed here as such (for s = 1:
+      (p_i − a_i)·(g·2μ)). The identity needs g·μ·s to be a normal float32 (> 1.2e-38), true for any
+      μ in use; it is added to ``.grad`` after the backward pass (``_add_to_grads_after_backward``)."""
 
     @staticmethod
-    def forward(ctx, anchor, *params):
+    def forward(ctx, anchor, half, mu, *params):
         diffs = torch._foreach_sub(params, anchor)
-        ctx.save_for_backward(*diffs)
-        return ordered_sum(torch._foreach_pow(diffs, 2))
+        value = sums_in_order(torch._foreach_pow(diffs, 2))
+        if half:
+            value = value * 0.5
+        if mu != 1.0:
+            value = value * mu
+        ctx.diffs, ctx.params = diffs, params
+        ctx.scale = _as_f32(mu) * (1.0 if half else 2.0)
+        return value
 
     @staticmethod
     def backward(ctx, g):
-        return (None, *torch._foreach_mul(torch._foreach_mul(ctx.saved_tensors, 2.0), g))
+        coef = g if ctx.scale == 1.0 else g * ctx.scale
+        grads = torch._foreach_mul(ctx.diffs, coef)
+        return (None, None, None, *_add_to_grads_after_backward(ctx, ctx.params, grads))
 
 
 class _Linear(torch.autograd.Function):
-    """Σ_i ⟨p_i, c_i⟩ fused across tensors; gradient g·c_i, as autograd forms it for the expression."""
+    """Σ_i ⟨p_i, c_i⟩ fused across tensors, summed in order (``sums_in_order``); gradient g·c_i, as
+    autograd forms it for the per-tensor expression, added to ``.grad`` after the backward pass."""
 
     @staticmethod
     def forward(ctx, coef, *params):
-        ctx.coef = coef
-        return ordered_sum(torch._foreach_mul(params, coef))
+        ctx.coef, ctx.params = coef, params
+        return sums_in_order(torch._foreach_mul(params, coef))
 
     @staticmethod
     def backward(ctx, g):
-        return (None, *torch._foreach_mul(ctx.coef, g))
+        return (None, *_add_to_grads_after_backward(ctx, ctx.params, torch._foreach_mul(ctx.coef, g)))
 
 
 PROX_FORMS = ("half_squared", "squared", "norm")
 
 
-def prox_penalty(model: nn.Module, anchor: list[torch.Tensor], form: str) -> torch.Tensor:
-    """The proximal distance to the global parameters in one of its published forms:
+def _prox(model: nn.Module, anchor: list[torch.Tensor], half: bool, mu: float) -> torch.Tensor:
+    params = list(model.parameters())
+    if torch.compiler.is_compiling():  # the compiler fuses the plain expression itself
+        sq = ordered_sum(((p - a) ** 2).sum() for p, a in zip(params, anchor))
+        return mu * (0.5 * sq if half else sq) if mu != 1.0 else (0.5 * sq if half else sq)
+    return _ProxSq.apply(anchor, half, mu, *params)
+
+
+def prox_penalty(model: nn.Module, anchor: list[torch.Tensor], form: str, mu: float = 1.0) -> torch.Tensor:
+    """μ times the proximal distance to the global parameters in one of its published forms:
     ``half_squared`` ½‖w − w_g‖² (FedProx, Li et al. 2020, Eq. 2), ``squared`` ‖w − w_g‖²
-    (FedCorr Eq. 5), ``norm`` ‖w − w_g‖ (the FedCorr reference code, methods.md §1.2)."""
-    sq = prox_sq(model, anchor)
+    (FedCorr Eq. 5), ``norm`` ‖w − w_g‖ (the FedCorr reference code, methods.md §1.2).
+    Equal bit for bit to ``mu * prox_penalty(model, anchor, form)``; passing μ in saves an op per
+    step forward and backward."""
     if form == "half_squared":
-        return 0.5 * sq
+        return _prox(model, anchor, True, mu)
     if form == "squared":
-        return sq
+        return _prox(model, anchor, False, mu)
     if form == "norm":
-        return sq.clamp_min(1e-24).sqrt()
+        norm = prox_sq(model, anchor).clamp_min(1e-24).sqrt()
+        return norm if mu == 1.0 else mu * norm
     raise ValueError(f"prox form must be one of {PROX_FORMS}, got {form!r}")
 
 
