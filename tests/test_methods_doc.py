@@ -169,10 +169,6 @@ def test_expected_rows_of_a_composition():
     assert same_default("null", None) and same_default("true", True) and not same_default("1", True)
 
 
-#: YAMLs still describing their keys in comments: edited by other work of this session, converted after it
-PER_KEY_COMMENTS_PENDING = ("feddyn", "fedprox", "rofl")
-
-
 def comment_problems(name: str, num: str) -> list[str]:
     """Per-key comments of a method YAML's own keys (module notes), and a header without the pointer."""
     path = CONF / "method" / f"{name}.yaml"
@@ -214,7 +210,7 @@ def _has_comment(line: str) -> bool:
     return False
 
 
-@pytest.mark.parametrize("name", [m for m in METHODS if m not in PER_KEY_COMMENTS_PENDING])
+@pytest.mark.parametrize("name", METHODS)
 def test_each_switch_is_described_once(name, tables):
     problems = comment_problems(name, tables[name]["num"])
     assert not problems, "\n".join(problems)

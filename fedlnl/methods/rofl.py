@@ -175,7 +175,8 @@ class RoFLParams(Params):
                       rule(integer, 1))
     forget_rate: float | str = rate("share of each batch dropped as large-loss, or noise (the nominal rate, R3)")
     num_gradual: int = param("rounds over which the forget rate rises to its value", rule(integer, 1))
-    lambda_cen: float = param("weight of the centroid loss", rule(nonnegative, "a weight >= 0"))
+    lambda_cen: float = param("weight of the centroid loss (ramped t/T_pl before T_pl, 0 in the first round)",
+                              rule(nonnegative, "a weight >= 0"))
     lambda_e: float = param("weight of the entropy term", rule(nonnegative, "a weight >= 0"))
     detach_cen: bool = _flag("R1: the centroid loss does not reach the features (a no-op term)")
     weighted_avg: bool = _flag("R2: n_k-weighted averaging (false: unweighted mean)")
