@@ -89,6 +89,10 @@ def test_compile_is_part_of_the_config_hash_and_of_the_cell_name():
     assert compose_cfg(TINY).compile is False  # the default
     assert hashed("true") != hashed("false")
     assert "compile" not in NON_RESULT_KEYS and "compile" not in CELL_DIR_EXCLUDED
+    # eager is how every run before the key was made: its hash is the hash without the key
+    before = OmegaConf.to_container(compose_cfg(TINY), resolve=True)
+    del before["compile"]
+    assert hashed("false") == config_hash(before)
 
 
 def test_the_sgd_subclass_outside_a_compiled_run_steps_as_torch_sgd_bit_for_bit():

@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 
 from fedlnl.benchmark.lock import CellLock, LockError
-from fedlnl.conf.keys import NON_RESULT_KEYS
+from fedlnl.conf.keys import LEGACY_VALUES, NON_RESULT_KEYS
 from fedlnl.benchmark.validate import ConfigError
 
 #: statuses of a run whose directory belongs to its config: final ones, and interrupted (resumable)
@@ -21,7 +21,8 @@ KEPT = ("complete", "diverged", "interrupted")
 
 
 def config_hash(cfg: dict) -> str:
-    kept = {k: v for k, v in cfg.items() if k not in NON_RESULT_KEYS}
+    kept = {k: v for k, v in cfg.items()
+            if k not in NON_RESULT_KEYS and not (k in LEGACY_VALUES and v is LEGACY_VALUES[k])}
     return hashlib.blake2b(json.dumps(kept, sort_keys=True, default=str).encode(), digest_size=8).hexdigest()
 
 

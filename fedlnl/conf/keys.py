@@ -21,6 +21,11 @@ from __future__ import annotations
 NON_RESULT_KEYS = ("logger", "name", "preset", "checkpoint_every", "checkpoint_minutes", "skip_complete",
                    "dry_run", "device", "determinism", "data_placement", "hydra")
 
+#: result keys added after runs were already made, with the value that reproduces those runs: at that
+#: value the key stays out of the config hash, so a run made before the key existed keeps its hash
+#: (its sweep cell is still skipped or resumed), and any other value makes a configuration of its own.
+LEGACY_VALUES = {"compile": False}
+
 #: command-line overrides left out of a sweep cell's directory name (``${cell_dir_excluded:}``): the
 #: result-neutral keys and the logger's mode; the preset selectors (the sweep directory is named after
 #: the preset); the launcher's job count; and ``threads``, which the SLURM launcher sets from each
