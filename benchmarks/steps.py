@@ -152,7 +152,7 @@ def term_ops(model_name: str) -> dict:
     the methods run them (``engine.prox_penalty`` with μ passed in, ``engine.linear_term``)."""
     from fedlnl.methods.common import engine
     from fedlnl.methods.common.protocol import Optim
-    from fedlnl.methods.feddyn import FusedDecay
+    from fedlnl.methods.common.optimizers import FusedDecay
     from fedlnl.models.lenet import LeNet
     from fedlnl.models.resnet import resnet18
 

@@ -52,7 +52,7 @@ import torch.nn.functional as F
 
 from fedlnl.conf.checks import flag, number, positive
 from fedlnl.methods.common import engine
-from fedlnl.methods.common.optimizers import ClipGrad
+from fedlnl.methods.common.optimizers import ClipGrad, FusedDecay
 from fedlnl.methods.common.params import Method, Params, param, rule
 from fedlnl.methods.common.protocol import ClientUpdate
 
@@ -69,39 +69,6 @@ class FedDynParams(Params):
                                         rule(number, lambda v: v > 0, "null or a norm > 0", optional=True))
     bernoulli_sampling: bool = param("every client joins with probability frac (false: fixed m)", rule(flag))
     eval_cloud: bool = param("the runner tests the cloud model θ^t (false: the plain average)", rule(flag))
-
-
-class FusedDecay:
-    """The run's optimiser (built without weight decay) whose every step first adds the coupled
-    weight decay λ·θ to the gradient in one ``_foreach_add_`` across the parameter tensors. The
-    same op per tensor as ``torch.optim.SGD`` / ``Adam``'s own decay (grad + λ·θ, ``add`` with
-    ``alpha``), so the step is the same bit for bit; on the CPU torch's optimisers decay tensor by
-    tensor (one op each), on CUDA they fuse it as here."""
-
-    def __init__(self, decay: float):
-        self.decay = float(decay)
-        self.base: torch.optim.Optimizer | None = None
-        self.params: list[torch.nn.Parameter] = []
-
-    def __call__(self, model, optim):
-        self.base = engine.optimizer(model, optim)
-        self.params = list(model.parameters())
-        return self
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        self.base.zero_grad(set_to_none=set_to_none)
-
-    def step(self) -> None:
-        have = [p for p in self.params if p.grad is not None]
-        if have and self.decay != 0.0:
-            torch._foreach_add_([p.grad for p in have], have, alpha=self.decay)
-        self.base.step()
-
-    def state_dict(self) -> dict:
-        return self.base.state_dict()
-
-    def load_state_dict(self, state: dict) -> None:
-        self.base.load_state_dict(state)
 
 
 class FedDyn(Method):

@@ -85,15 +85,6 @@ def begin(enabled: bool, device: torch.device | str) -> str | None:
     end()
     if not enabled:
         return None
-
-    def _lr(self, i: int, value: float, like: torch.Tensor) -> torch.Tensor:
-        """Group ``i``'s learning rate as a 0-dim tensor on the parameters' device, made again only
-        when its value changes: a graph input, so a schedule never recompiles the update (a float
-        would be guarded as a constant)."""
-        cache = self.__dict__.setdefault("_lr_tensors", {})
-        if i not in cache or cache[i][0] != value:
-            cache[i] = (value, torch.tensor(value, dtype=like.dtype, device=like.device))
-        return cache[i][1]
     torch._dynamo.reset()
     _RUN = _Run(device)
     return _RUN.mode

@@ -7,6 +7,7 @@ read per local update and its replay of a diverged update stay as they are.
 
 - ``ClipGrad``: rescale the gradient to a total L2 norm <= ``max_norm`` before every step
   (``torch.nn.utils.clip_grad_norm_``; FNBench's ``clipping`` client, methods.md §19.4).
+- ``FusedDecay``: coupled weight decay added to every gradient in one op (FedDyn's local step).
 - ``SAM``: sharpness-aware minimisation (Foret et al., ICLR 2021) as FedSAM's local step
   (methods.md §20.2): the batch loss function moves the weights to w + ε̂ and returns the loss there;
   the backward pass then gives the SAM gradient, and ``step`` returns to w before the base step.
@@ -20,11 +21,11 @@ from fedlnl.methods.common import engine
 from fedlnl.methods.common.protocol import Optim
 
 
-class ClipGrad:
-    """The run's optimiser, every step of which first clips the gradient's total norm to ``max_norm``."""
+class Wrapper:
+    """The run's optimiser (``engine.optimizer``) behind the interface ``train_steps`` uses; a
+    subclass changes the gradient in ``prepare`` before every base step."""
 
-    def __init__(self, max_norm: float):
-        self.max_norm = float(max_norm)
+    def __init__(self):
         self.base: torch.optim.Optimizer | None = None
         self.params: list[nn.Parameter] = []
 
@@ -36,8 +37,11 @@ class ClipGrad:
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.base.zero_grad(set_to_none=set_to_none)
 
+    def prepare(self) -> None:
+        raise NotImplementedError
+
     def step(self) -> None:
-        torch.nn.utils.clip_grad_norm_(self.params, self.max_norm)
+        self.prepare()
         self.base.step()
 
     def state_dict(self) -> dict:
@@ -45,6 +49,34 @@ class ClipGrad:
 
     def load_state_dict(self, state: dict) -> None:
         self.base.load_state_dict(state)
+
+
+class ClipGrad(Wrapper):
+    """The run's optimiser, every step of which first clips the gradient's total norm to ``max_norm``."""
+
+    def __init__(self, max_norm: float):
+        super().__init__()
+        self.max_norm = float(max_norm)
+
+    def prepare(self) -> None:
+        torch.nn.utils.clip_grad_norm_(self.params, self.max_norm)
+
+
+class FusedDecay(Wrapper):
+    """The run's optimiser (built without weight decay) whose every step first adds the coupled
+    weight decay λ·θ to the gradient in one ``_foreach_add_`` across the parameter tensors. The
+    same op per tensor as ``torch.optim.SGD`` / ``Adam``'s own decay (grad + λ·θ, ``add`` with
+    ``alpha``), so the step is the same bit for bit; on the CPU torch's optimisers decay tensor by
+    tensor (one op each), on CUDA they fuse it as here."""
+
+    def __init__(self, decay: float):
+        super().__init__()
+        self.decay = float(decay)
+
+    def prepare(self) -> None:
+        have = [p for p in self.params if p.grad is not None]
+        if have and self.decay != 0.0:
+            torch._foreach_add_([p.grad for p in have], have, alpha=self.decay)
 
 
 def sam_perturbation(grads: list[torch.Tensor | None], rho: float) -> list[torch.Tensor | None]:
