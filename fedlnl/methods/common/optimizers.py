@@ -88,7 +88,7 @@ def sam_perturbation(grads: list[torch.Tensor | None], rho: float) -> list[torch
     return [None if g is None else g * scale for g in grads]
 
 
-class SAM:
+class SAM(Wrapper):
     """SAM around the run's optimiser (SGD by default). ``loss(loss_fn)`` turns a batch loss function into the SAM one: it computes
     L(w) on the batch, moves the weights to w + ε̂ (``sam_perturbation``) and returns L(w + ε̂) on the
     same batch, whose backward gives ∇L(w)|_{w+ε̂}, the SAM gradient (Foret et al., Eq. 3); ``step``
@@ -101,15 +101,14 @@ class SAM:
     perturbation left pending by a batch whose loss was non-finite (no step is taken then)."""
 
     def __init__(self, rho: float):
+        super().__init__()
         self.rho = float(rho)
-        self.base: torch.optim.Optimizer | None = None
-        self.params: list[nn.Parameter] = []
         self.eps: list[torch.Tensor | None] | None = None
         self.w: list[torch.Tensor] | None = None  # the weights w while they sit at w + ε̂
 
     def __call__(self, model: nn.Module, optim: Optim):
-        self.base = engine.optimizer(model, optim)
-        self.params = [p for p in model.parameters() if p.requires_grad]
+        super().__call__(model, optim)
+        self.params = [p for p in self.params if p.requires_grad]
         self.eps, self.w = None, None
         return self
 
@@ -137,18 +136,11 @@ class SAM:
             return loss_fn(model, xb, yb, step, gen)
         return sam_loss
 
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        self.base.zero_grad(set_to_none=set_to_none)
-
-    def step(self) -> None:
+    def prepare(self) -> None:
         self.restore()
-        self.base.step()
-
-    def state_dict(self) -> dict:
-        return self.base.state_dict()
 
     def load_state_dict(self, state: dict) -> None:
         # ``train_steps`` restores the weights before this: a pending ε̂ no longer applies
         self.eps, self.w = None, None
-        self.base.load_state_dict(state)
+        super().load_state_dict(state)
 
