@@ -75,8 +75,9 @@ class Runner:
         self.identity = device.identity(self.device, str(cfg.get("determinism", "strict")))
         # the torch.compile mode of the local step (None = eager): what ran, beside the config's key
         self.compile_mode = compiled.mode(bool(cfg.get("compile", False)), self.device)
-        if self.compile_mode and compiled.check(self.device):
-            raise ConfigError(compiled.check(self.device))
+        problem = compiled.check(self.device) if self.compile_mode else None
+        if problem:
+            raise ConfigError(problem)
         cell = preflight.build_cell(cfg, self.method, model_name(cfg), self.device)  # raises ConfigError
         self.fed, self.info, self.model, self.total = cell.fed, cell.info, cell.model, cell.total
         src = self.fed.source

@@ -404,7 +404,8 @@ def _prox(model: nn.Module, anchor: list[torch.Tensor], half: bool, mu: float) -
     params = list(model.parameters())
     if torch.compiler.is_compiling():  # the compiler fuses the plain expression itself
         sq = ordered_sum(((p - a) ** 2).sum() for p, a in zip(params, anchor))
-        return mu * (0.5 * sq if half else sq) if mu != 1.0 else (0.5 * sq if half else sq)
+        value = 0.5 * sq if half else sq
+        return value if mu == 1.0 else mu * value
     return _ProxSq.apply(anchor, half, mu, *params)
 
 
