@@ -57,9 +57,10 @@ def test_the_step_compiles_once_and_no_client_or_round_compiles_again(runs):
     (fast, _), seen = runs[0]["compiled"], runs[1]
     assert fast["status"] == "complete" and fast["compile"] == "default"
     assert len(seen) == ROUNDS * COHORT
-    # the cross-entropy step (forward + loss, its backward with it) and the SGD update's two graphs
-    # (first step: no momentum buffers yet; later steps), all made during the first client's update
-    assert seen[0] == 3, seen
+    # the whole step (forward, loss, backward, update: one graph) and the SGD update of a client's
+    # short last batch (eager forward and backward; momentum buffers by then), both made during the
+    # first client's update
+    assert seen[0] == 2, seen
     assert seen == [seen[0]] * len(seen), f"graphs after each client update: {seen}"
     assert compiled._RUN is None  # the policy ends with its run: later eager code stays eager
 
@@ -112,3 +113,62 @@ def test_the_sgd_subclass_outside_a_compiled_run_steps_as_torch_sgd_bit_for_bit(
             opt.step()
         assert all(torch.equal(p, q) for p, q in zip(a, b)), step
     assert all(torch.equal(ref.state[p]["momentum_buffer"], ours.state[q]["momentum_buffer"]) for p, q in zip(a, b))
+
+
+def _bn_net() -> torch.nn.Module:
+    """A convolution, batch norm (running statistics: buffers the whole step updates) and a head."""
+    return torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4), torch.nn.ReLU(),
+                               torch.nn.Flatten(), torch.nn.Linear(4 * 6 * 6, 10))
+
+
+def test_the_whole_step_trains_as_torch_sgd_within_float_tolerance_and_fires_the_step_hooks():
+    """Three full batches (the compiled whole step: weights, momentum buffers, weight decay, batch-norm
+    statistics) then a short one (eager forward and backward, compiled update), against an eager
+    ``torch.optim.SGD`` on the same batches; each step fires the optimiser's step hooks once."""
+    from fedlnl.methods.common.engine import ce_loss
+    torch.manual_seed(0)
+    ref_net, net = _bn_net(), _bn_net()
+    net.load_state_dict(ref_net.state_dict())
+    xs, ys = torch.randn(4, 8, 3, 8, 8), torch.randint(0, 10, (4, 8))
+    ref = torch.optim.SGD(ref_net.parameters(), lr=0.1, momentum=0.5, weight_decay=1e-3)
+    steps = []
+    compiled.begin(True, "cpu")
+    try:
+        ours = compiled.SGD(net.parameters(), lr=0.1, momentum=0.5, weight_decay=1e-3)
+        ours.register_step_post_hook(lambda *_: steps.append(1))
+        whole = compiled.whole_step(ce_loss, ours, batch_size=8)
+        assert whole is not None
+        for i, n in enumerate((8, 8, 8, 5)):
+            x, y = xs[i, :n], ys[i, :n]
+            loss = whole(net, x, y)
+            ref.zero_grad(set_to_none=True)
+            expected = ce_loss(ref_net, x, y, 0, None)
+            expected.backward()
+            ref.step()
+            assert math.isclose(float(loss), float(expected.detach()), rel_tol=1e-5), i
+            for (name, a), b in zip(ref_net.state_dict().items(), net.state_dict().values()):
+                assert torch.allclose(a.float(), b.float(), rtol=1e-4, atol=1e-6), (i, name)
+            for p, q in zip(ref_net.parameters(), net.parameters()):
+                assert torch.allclose(ref.state[p]["momentum_buffer"], ours.state[q]["momentum_buffer"],
+                                      rtol=1e-4, atol=1e-6), i
+        assert len(steps) == 4
+    finally:
+        compiled.end()
+
+
+def test_the_whole_step_is_taken_only_for_a_pure_loss_and_a_plain_sgd():
+    from fedlnl.methods.common.engine import ce_loss
+    from fedlnl.methods.common.optimizers import ClipGrad
+    from fedlnl.methods.common.protocol import Optim
+    net = _bn_net()
+    plain = compiled.SGD(net.parameters(), lr=0.1, momentum=0.5)
+    assert compiled.whole_step(ce_loss, plain, 8) is None  # no compiled run: eager
+    compiled.begin(True, "cpu")
+    try:
+        assert compiled.whole_step(ce_loss, plain, 8) is not None
+        assert compiled.whole_step(lambda m, x, y, s, g: ce_loss(m, x, y, s, g), plain, 8) is None  # not pure
+        assert compiled.whole_step(ce_loss, compiled.SGD(net.parameters(), lr=0.1, nesterov=True, momentum=0.5), 8) is None
+        assert compiled.whole_step(ce_loss, torch.optim.Adam(net.parameters()), 8) is None
+        assert compiled.whole_step(ce_loss, ClipGrad(1.0)(net, Optim("sgd", 0.1, 0.0, 0.5)), 8) is None  # a wrapper
+    finally:
+        compiled.end()

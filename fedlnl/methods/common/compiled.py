@@ -1,8 +1,18 @@
-"""The compiled local step (``compile: true``): forward, loss and backward of the shared cross-entropy
-step, and the SGD update of every method, compiled once per run with ``torch.compile`` and reused for
-every client and round.
+"""The compiled local step (``compile: true``): the whole step of the shared cross-entropy loss with
+the run's SGD as one graph, else the loss and the SGD update apart, compiled once per run with
+``torch.compile`` and reused for every client and round.
 
 The units compiled, and why these:
+- ``whole_step``: where the loss is ``pure`` and the optimiser is this module's plain ``SGD`` (no
+  wrapper, no dampening, Nesterov or maximize), one local step — forward, loss, backward (``torch.func``
+  gradients of the weights) and torch's SGD update with momentum and coupled weight decay — is one
+  function of the weights, compiled as one graph. It returns the new weights and momentum buffers,
+  which are copied into the model and the optimiser's state (one ``_foreach_copy_`` each): a pure
+  graph, which CUDA graphs can replay (outputs reused next replay, hence the copies). It runs inside
+  ``SGD.step``, so the optimiser's step hooks (the runner counts local steps with them) fire as
+  eagerly. On this CPU it is 1.2–1.3x the eager step (``make bench``); the two units below, compiled
+  apart, were slower than eager here (0.7–0.9x): the autograd engine and the optimiser's Python ran
+  between them. A model's buffers (batch-norm statistics) are updated in place inside the graph.
 - ``loss``: a batch loss function marked ``pure`` (``engine.ce_loss``, the loss of every method that
   trains with ``train_from_global`` / ``local_train`` without a loss of its own) is compiled as
   ``(model, xb, yb) -> loss``; AOTAutograd compiles its backward with it. One working model per run
@@ -20,9 +30,11 @@ The units compiled, and why these:
   interface (state, ``state_dict``, step hooks), so wrappers (``common/optimizers.py``) and the replay
   of a diverged update work unchanged. Adam stays eager.
 
-Modes: on CUDA ``reduce-overhead`` (CUDA graphs: a batch-10 step is launch-bound there) for the loss
-step; its output is cloned, since a graph's next replay reuses its memory, and each step is marked as
-a new graph step. The SGD update mutates its inputs in place, which CUDA graphs skip, so it uses the
+Modes: on CUDA ``reduce-overhead`` (CUDA graphs: a batch-10 step is launch-bound there) for the whole
+step and the loss; their outputs are copied or cloned, since a graph's next replay reuses its memory,
+and each step is marked as a new graph step. A model with batch norm has the whole step mutate its
+buffer inputs, which CUDA graphs may decline (it then runs in the default mode; not run on a GPU
+yet). The SGD update alone mutates its inputs in place, which CUDA graphs skip, so it uses the
 default mode everywhere. On the CPU the default mode (inductor's C++ kernels; needs a C++ compiler).
 
 Compiled numbers are not bit-identical to eager ones (fused kernels add in another order): ``compile``
@@ -31,6 +43,7 @@ run with ``compile: true`` everything here is the eager path.
 """
 from __future__ import annotations
 
+import functools
 import importlib
 import shutil
 import weakref
@@ -53,7 +66,15 @@ class _Run:
         self.mode = mode(True, self.device)
         self.losses: dict[Callable, Callable] = {}
         self.draws: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> has random layers
+        self.names: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> (names, buffers)
         self.update = torch.compile(_sgd_update, dynamic=False)
+        self.wholes: dict[Callable, Callable] = {}
+
+    def whole(self, loss_fn: Callable) -> Callable:
+        if loss_fn not in self.wholes:
+            self.wholes[loss_fn] = torch.compile(functools.partial(_whole_step, loss_fn), dynamic=False,
+                                                 mode=self.mode)
+        return self.wholes[loss_fn]
 
     def loss(self, loss_fn: Callable) -> Callable:
         if loss_fn not in self.losses:
@@ -61,6 +82,12 @@ class _Run:
                 return loss_fn(model, xb, yb, 0, None)
             self.losses[loss_fn] = torch.compile(forward_loss, dynamic=False, mode=self.mode)
         return self.losses[loss_fn]
+
+    def named(self, model: nn.Module) -> tuple[tuple[str, ...], dict]:
+        """``model``'s parameter names (in ``parameters()`` order) and its buffers by name."""
+        if model not in self.names:
+            self.names[model] = tuple(n for n, _ in model.named_parameters()), dict(model.named_buffers())
+        return self.names[model]
 
     def eager(self, model: nn.Module) -> bool:
         """A model with dropout keeps its eager forward: its masks come from the client's generator
@@ -126,6 +153,53 @@ def loss(loss_fn: Callable, batch_size: int) -> Callable:
     return step_loss
 
 
+def whole_step(loss_fn: Callable, opt: torch.optim.Optimizer, batch_size: int) -> Callable | None:
+    """``step(model, xb, yb) -> loss``, which takes one whole local step of ``opt`` on ``loss_fn``
+    (compiled for full batches of ``batch_size``, eager for a short last batch or a model with dropout),
+    where this run compiles, ``loss_fn`` is ``pure`` and ``opt`` is a plain momentum SGD over one group
+    of parameters; else None (the caller steps on ``loss(loss_fn, ...)`` itself)."""
+    if _RUN is None or not getattr(loss_fn, "pure", False) or type(opt) is not SGD or len(opt.param_groups) != 1:
+        return None
+    group = opt.param_groups[0]
+    if group["dampening"] or group["nesterov"] or group["maximize"]:
+        return None
+
+    def step(model: nn.Module, xb: torch.Tensor, yb: torch.Tensor) -> torch.Tensor:
+        opt.batch = (model, loss_fn, xb, yb, xb.shape[0] == batch_size and not _RUN.eager(model))
+        try:
+            opt.step()  # the step hooks fire around the whole step
+            return opt.loss
+        finally:
+            opt.batch = opt.loss = None
+    return step
+
+
+def _whole_step(loss_fn, model, names, params, buffers, bufs, xb, yb, lr, weight_decay: float, momentum: float):
+    """One local step as a function of the weights ``params`` (named ``names`` in ``model``) and the
+    momentum buffers ``bufs``: the new weights, the new buffers and the loss. torch's SGD update
+    (``torch.optim.sgd``, dampening 0): d = g + λw; b = μb + d; w = w − η·b."""
+    def loss_of(weights, buffers):  # the buffers an argument: batch norm updates them in place
+        return loss_fn(_Bound(model, {**buffers, **dict(zip(names, weights))}), xb, yb, 0, None)
+
+    grads, loss = torch.func.grad_and_value(loss_of)(params, buffers)
+    if weight_decay:
+        grads = torch._foreach_add(grads, params, alpha=weight_decay)
+    if momentum:
+        bufs = grads = torch._foreach_add(torch._foreach_mul(bufs, momentum), grads)
+    return torch._foreach_sub(params, torch._foreach_mul(grads, lr)), bufs, loss
+
+
+class _Bound:
+    """``model`` called with the given weights and buffers (``torch.func.functional_call``): what a
+    pure loss calls as ``model(xb)`` inside the whole step."""
+
+    def __init__(self, model: nn.Module, tensors: dict):
+        self.model, self.tensors = model, tensors
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.func.functional_call(self.model, self.tensors, (x,))
+
+
 def sgd_class() -> type[torch.optim.SGD]:
     """The SGD class a local update builds: ``SGD`` (compiled update) while a compiled run is on."""
     return SGD if _RUN is not None else torch.optim.SGD
@@ -140,10 +214,19 @@ class SGD(torch.optim.SGD):
     """``torch.optim.SGD`` whose update runs the run's compiled ``_sgd_update`` (eager outside a
     compiled run). State lives in ``self.state`` as in torch's, so ``state_dict`` and hooks hold."""
 
+    batch = loss = None  # ``whole_step``'s batch while it steps, and the loss it gives back
+
     @torch.no_grad()
     def step(self, closure=None):
         if closure is not None:
             raise ValueError("the compiled SGD step takes no closure")
+        if self.batch is not None:
+            self.loss = self._whole(*self.batch)
+        else:
+            self._update()
+        return None
+
+    def _update(self) -> None:
         update = _RUN.update if _RUN is not None else _sgd_update
         for i, group in enumerate(self.param_groups):
             params = [p for p in group["params"] if p.grad is not None]
@@ -156,7 +239,37 @@ class SGD(torch.optim.SGD):
             if group["momentum"] != 0:
                 for p, buf in zip(params, bufs):
                     self.state[p]["momentum_buffer"] = buf
-        return None
+
+    def _whole(self, model: nn.Module, loss_fn: Callable, xb: torch.Tensor, yb: torch.Tensor,
+               full: bool) -> torch.Tensor:
+        if not full:  # eager forward and backward, then the compiled update
+            with torch.enable_grad():
+                loss = loss_fn(model, xb, yb, 0, None)
+                self.zero_grad(set_to_none=True)
+                loss.backward()
+            self._update()
+            return loss.detach()
+        group = self.param_groups[0]
+        params = group["params"]
+        for p in params:  # no stale gradient of an earlier eager step is left behind
+            p.grad = None
+        bufs = [self.state[p].get("momentum_buffer") for p in params] if group["momentum"] else []
+        first = bool(bufs) and bufs[0] is None
+        if first:  # torch's first step sets b = d, the same as μ·0 + d
+            bufs = [torch.zeros_like(p) for p in params]
+        if _RUN.mode == "reduce-overhead":
+            torch.compiler.cudagraph_mark_step_begin()
+        names, buffers = _RUN.named(model)
+        weights, new, loss = _RUN.whole(loss_fn)(model, names, params, buffers, bufs, xb, yb,
+                                                 self._lr(0, group["lr"], params[0]),
+                                                 group["weight_decay"], group["momentum"])
+        torch._foreach_copy_(params, weights)
+        if bufs:
+            torch._foreach_copy_(bufs, new)
+        if first:
+            for p, buf in zip(params, bufs):
+                self.state[p]["momentum_buffer"] = buf
+        return loss.clone()
 
     def _lr(self, i: int, value: float, like: torch.Tensor) -> torch.Tensor:
         """Group ``i``'s learning rate as a 0-dim tensor on the parameters' device, made again only

@@ -447,8 +447,11 @@ def _step(opt: torch.optim.Optimizer, loss: torch.Tensor) -> None:
 
 
 def train_steps(model: nn.Module, opt: torch.optim.Optimizer, gen: torch.Generator,
-                losses: Callable[[], Iterator[torch.Tensor]]) -> list[float]:
+                losses: Callable[[], Iterator[torch.Tensor]],
+                stepping: Callable[[], Iterator[torch.Tensor]] | None = None) -> list[float]:
     """Step ``opt`` on every batch loss the generator ``losses()`` yields; return the losses.
+    ``stepping()``, if given, is ``losses()`` that takes each step itself as it yields the loss (the
+    compiled whole step, ``compiled.whole_step``); a diverged pass is replayed through ``losses()``.
 
     No host read per step (on a GPU one would stall the launch queue every batch): the losses stay on
     the device and are read once at the end. Divergence (a non-finite loss) is thus seen after the
@@ -463,9 +466,10 @@ def train_steps(model: nn.Module, opt: torch.optim.Optimizer, gen: torch.Generat
     start = (get_weights(model), copy.deepcopy(opt.state_dict()), gen.get_state(), layers.source_state())
     _DEVICE_GENS.pop(gen, None)  # a device generator for ``gen`` is made anew from ``gen`` in each pass
     kept = []
-    for loss in losses():
+    for loss in (stepping or losses)():
         kept.append(loss.detach())
-        _step(opt, loss)
+        if stepping is None:
+            _step(opt, loss)
     values = torch.stack(kept).tolist() if kept else []  # the one host read
     if all(math.isfinite(v) for v in values):
         return values
@@ -515,16 +519,20 @@ def local_train(
     """
     model.train()
     fmt = memory_format(model, data.device)
-    loss_fn = compiled.loss(loss_fn, batch_size)  # ``compile: true``: the compiled step where it applies
+    opt = (opt_fn or optimizer)(model, optim)
+    # ``compile: true``: forward, loss, backward and update as one compiled function where the loss and
+    # optimiser allow (``whole``), else the compiled loss where the loss allows (``loss_fn``)
+    whole = compiled.whole_step(loss_fn, opt, batch_size)
+    loss_fn = compiled.loss(loss_fn, batch_size)
 
-    def losses():
+    def losses(stepping=False):
         device_generator(gen, idx.device, fresh=True)  # replayed from ``gen`` alone (train_steps)
         for _ in range(epochs):
             for step, (pos, xb) in enumerate(epoch_batches(data, idx, batch_size, gen, augment=augment,
                                                            memory_format=fmt)):
-                yield loss_fn(model, xb, labels[pos], step, gen)
+                yield whole(model, xb, labels[pos]) if stepping else loss_fn(model, xb, labels[pos], step, gen)
 
-    values = train_steps(model, (opt_fn or optimizer)(model, optim), gen, losses)
+    values = train_steps(model, opt, gen, losses, stepping=whole and (lambda: losses(stepping=True)))
     if values and not math.isfinite(values[-1]):
         return float("nan")
     total = 0.0
