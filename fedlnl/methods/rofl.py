@@ -237,7 +237,10 @@ class RoFL(FedAvg):
             if t == 0:
                 f_k = class_means(feats, client.labels, C)
         r, lam_cen = self.forget_rate_at(t, state["forget_rate"]), self.lambda_cen_at(t)
-        box = {"f_k": f_k, "kept": 0, "agree": 0}
+        box = {}
+
+        def begin():  # the local centroids and counts of one pass (a diverged update's replay: anew)
+            box.update(f_k=f_k, kept=0, agree=0)
 
         def loss_fn(model, xb, yb, step, gen):
             feat = model.features(xb)
@@ -259,7 +262,7 @@ class RoFL(FedAvg):
         loss = engine.local_train(
             model, client.data, client.indices, torch.stack([client.labels, pseudo], dim=1),
             **self.fl.training(),
-            gen=ctx.generator("train", client.id), loss_fn=loss_fn,
+            gen=ctx.generator("train", client.id), loss_fn=loss_fn, begin=begin,
         )
         return ClientUpdate(client.id, engine.get_weights(model), client.size,
                             payload={"centroids": box["f_k"].detach()},

@@ -507,6 +507,7 @@ def local_train(
     loss_fn: LossFn = ce_loss,
     augment: bool = True,
     opt_fn: Callable[..., torch.optim.Optimizer] | None = None,
+    begin: Callable[[], None] | None = None,
 ) -> float:
     """Local training over one client's samples with a fresh ``optim`` optimiser (``FLSettings.optim``);
     returns the mean batch loss (nan if diverged).
@@ -515,7 +516,9 @@ def local_train(
     regularisation terms without rewriting the loop; ``step`` counts batches within the epoch.
     ``opt_fn(model, optim)`` builds the optimiser (default ``optimizer``): a method wraps the
     optimiser's step (gradient clipping, sharpness-aware steps: ``common/optimizers.py``) without
-    rewriting the loop either.
+    rewriting the loop either. ``begin()`` runs before every pass over the batches (the first, and the
+    replay of a diverged update, ``train_steps``): a loss that keeps state across batches resets it
+    there, so the replay does not see it advanced by the first pass.
     """
     model.train()
     fmt = memory_format(model, data.device)
@@ -527,6 +530,8 @@ def local_train(
 
     def losses(stepping=False):
         device_generator(gen, idx.device, fresh=True)  # replayed from ``gen`` alone (train_steps)
+        if begin is not None:
+            begin()
         for _ in range(epochs):
             for step, (pos, xb) in enumerate(epoch_batches(data, idx, batch_size, gen, augment=augment,
                                                            memory_format=fmt)):
