@@ -373,7 +373,7 @@ class FedCorr(Method):
                 loss = F.cross_entropy(model(xb), yb)
             if anchor is not None and not (self.prox_skip_first and step == 0):
                 # β·μ̂_k·‖w − w_g‖² (Eq. 5), or the code's ‖w − w_g‖ (Q6)
-                loss = loss + prox_mu * engine.prox_penalty(model, anchor, self.prox_form)
+                loss = loss + engine.prox_penalty(model, anchor, self.prox_form, mu=prox_mu)
             return loss
 
         return engine.local_train(

@@ -125,7 +125,7 @@ def end() -> None:
 def check(device: torch.device | str) -> str | None:
     """Why ``compile: true`` cannot run on ``device`` (one line), or None."""
     if torch.device(device).type == "cpu" and not any(shutil.which(c) for c in ("g++", "c++", "clang++")):
-        return "compile=True is invalid on the CPU without a C++ compiler (inductor builds C++ kernels): allowed false"
+        return "compile=true is invalid on the CPU without a C++ compiler (inductor builds C++ kernels): allowed false"
     return None
 
 
