@@ -122,17 +122,24 @@ def _bn_net() -> torch.nn.Module:
 
 
 def test_the_whole_step_trains_as_torch_sgd_within_float_tolerance_and_fires_the_step_hooks():
+    whole_step_matches_torch_sgd("cpu")
+
+
+def whole_step_matches_torch_sgd(device: str) -> None:
     """Three full batches (the compiled whole step: weights, momentum buffers, weight decay, batch-norm
     statistics) then a short one (eager forward and backward, compiled update), against an eager
-    ``torch.optim.SGD`` on the same batches; each step fires the optimiser's step hooks once."""
+    ``torch.optim.SGD`` on the same batches; each step fires the optimiser's step hooks once. Step by
+    step, since a batch-norm network's training is chaotic: over rounds an eager run whose weights
+    are perturbed by 1e-7 drifts from itself as far as the compiled one does (ResNet-18, 30 steps:
+    max |Δw| 3.7e-2 vs 4.0e-2), so run-level tolerances only hold for small plain networks."""
     from fedlnl.methods.common.engine import ce_loss
     torch.manual_seed(0)
-    ref_net, net = _bn_net(), _bn_net()
+    ref_net, net = _bn_net().to(device), _bn_net().to(device)
     net.load_state_dict(ref_net.state_dict())
-    xs, ys = torch.randn(4, 8, 3, 8, 8), torch.randint(0, 10, (4, 8))
+    xs, ys = torch.randn(4, 8, 3, 8, 8, device=device), torch.randint(0, 10, (4, 8), device=device)
     ref = torch.optim.SGD(ref_net.parameters(), lr=0.1, momentum=0.5, weight_decay=1e-3)
     steps = []
-    compiled.begin(True, "cpu")
+    compiled.begin(True, device)
     try:
         ours = compiled.SGD(net.parameters(), lr=0.1, momentum=0.5, weight_decay=1e-3)
         ours.register_step_post_hook(lambda *_: steps.append(1))

@@ -24,6 +24,7 @@ if DEVICE == "cuda" and not torch.cuda.is_available():
     pytest.skip("no CUDA device", allow_module_level=True)
 
 from conftest import compose_cfg, method_names  # noqa: E402
+from test_compile import whole_step_matches_torch_sgd  # noqa: E402
 from test_robustness import cli  # noqa: E402
 
 from fedlnl.benchmark import runner as runmod  # noqa: E402
@@ -108,6 +109,21 @@ def test_host_placement_equals_device_placement_on_the_device(tmp_path, method):
     for where in ("device", "host"):
         run_cli(tmp_path, tmp_path / where, f"method={method}", f"device={DEVICE}", f"data_placement={where}")
     assert (tmp_path / "host" / "metrics.jsonl").read_bytes() == (tmp_path / "device" / "metrics.jsonl").read_bytes()
+
+
+def test_the_compiled_step_on_the_device_is_within_float_tolerance_of_eager(tmp_path):
+    """``compile=true`` on the device: CUDA graphs (``reduce-overhead``) for the whole step of FedAvg's
+    plain cross-entropy SGD. Losses within 1e-3 and accuracy within 1 point of the eager run
+    (tests/test_compile.py's tolerance on the CPU); batch norm, step by step, in the next test."""
+    done = {flag: run_cli(tmp_path, tmp_path / flag, "method=fedavg", f"device={DEVICE}", f"compile={flag}")
+            for flag in ("false", "true")}
+    assert done["true"]["compile"] == ("reduce-overhead" if DEVICE == "cuda" else "default")
+    for e, f in zip(rows(tmp_path / "false"), rows(tmp_path / "true"), strict=True):
+        assert abs(f["loss"] - e["loss"]) <= 1e-3 * abs(e["loss"]) and abs(f["acc"] - e["acc"]) <= 0.01, (e, f)
+
+
+def test_the_compiled_whole_step_with_batch_norm_on_the_device():
+    whole_step_matches_torch_sgd(DEVICE)
 
 
 def test_a_killed_run_resumes_exactly_on_the_device(tmp_path, monkeypatch):
