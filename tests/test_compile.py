@@ -179,3 +179,22 @@ def test_the_whole_step_is_taken_only_for_a_pure_loss_and_a_plain_sgd():
         assert compiled.whole_step(ce_loss, ClipGrad(1.0)(net, Optim("sgd", 0.1, 0.0, 0.5)), 8) is None  # a wrapper
     finally:
         compiled.end()
+
+
+def test_an_sgd_over_part_of_the_model_takes_eager_gradients_of_that_part_only():
+    """An optimiser over the head alone: the whole step would differentiate and update every weight,
+    so this one steps eagerly, and the body stays as it was (as with torch's SGD)."""
+    from fedlnl.methods.common.engine import ce_loss
+    torch.manual_seed(0)
+    net = _bn_net()
+    body = [p.detach().clone() for p in net[0].parameters()]
+    compiled.begin(True, "cpu")
+    try:
+        opt = compiled.SGD(net[4].parameters(), lr=0.1, momentum=0.5)
+        head = net[4].weight.detach().clone()
+        loss = compiled.whole_step(ce_loss, opt, 8)(net, torch.randn(8, 3, 8, 8), torch.randint(0, 10, (8,)))
+        assert math.isfinite(float(loss))
+        assert all(torch.equal(p, q) for p, q in zip(net[0].parameters(), body))
+        assert not torch.equal(net[4].weight, head)
+    finally:
+        compiled.end()

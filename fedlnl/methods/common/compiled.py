@@ -242,6 +242,12 @@ class SGD(torch.optim.SGD):
 
     def _whole(self, model: nn.Module, loss_fn: Callable, xb: torch.Tensor, yb: torch.Tensor,
                full: bool) -> torch.Tensor:
+        if full and self.__dict__.get("_covers") is not model:  # asked once per optimiser and model
+            mine, theirs = self.param_groups[0]["params"], list(model.parameters())
+            if len(mine) != len(theirs) or any(p is not q or not p.requires_grad for p, q in zip(mine, theirs)):
+                full = False  # trains a subset of the model's weights: the eager gradients
+            else:
+                self._covers = model
         if not full:  # eager forward and backward, then the compiled update
             with torch.enable_grad():
                 loss = loss_fn(model, xb, yb, 0, None)
