@@ -254,16 +254,16 @@ class SGD(torch.optim.SGD):
                 self.zero_grad(set_to_none=True)
                 loss.backward()
             self._update()
+            self.zero_grad(set_to_none=True)  # the whole step leaves no gradient: nor does this one
             return loss.detach()
         group = self.param_groups[0]
         params = group["params"]
-        for p in params:  # no stale gradient of an earlier eager step is left behind
-            p.grad = None
         bufs = [self.state[p].get("momentum_buffer") for p in params] if group["momentum"] else []
         first = bool(bufs) and bufs[0] is None
         if first:  # torch's first step sets b = d, the same as μ·0 + d
             bufs = [torch.zeros_like(p) for p in params]
-        if _RUN.mode == "reduce-overhead":
+        graphs = _RUN.mode == "reduce-overhead"
+        if graphs:
             torch.compiler.cudagraph_mark_step_begin()
         names, buffers = _RUN.named(model)
         weights, new, loss = _RUN.whole(loss_fn)(model, names, params, buffers, bufs, xb, yb,
@@ -275,7 +275,7 @@ class SGD(torch.optim.SGD):
         if first:
             for p, buf in zip(params, bufs):
                 self.state[p]["momentum_buffer"] = buf
-        return loss.clone()
+        return loss.clone() if graphs else loss  # a graph's next replay reuses its output memory
 
     def _lr(self, i: int, value: float, like: torch.Tensor) -> torch.Tensor:
         """Group ``i``'s learning rate as a 0-dim tensor on the parameters' device, made again only
