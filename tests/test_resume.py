@@ -366,3 +366,48 @@ def test_after_saving_the_signal_goes_to_the_handler_it_replaced():
         assert exc.value.code == 128 + signal.SIGUSR2 and seen == [signal.SIGUSR2]
     finally:
         signal.signal(signal.SIGUSR2, previous)
+
+
+def _stop_after_usr2(handler):
+    """Run StopRequest through one SIGUSR2 whose earlier handler is ``handler``; return exit()'s SystemExit."""
+    from fedlnl.benchmark.stop import StopRequest
+
+    previous = signal.signal(signal.SIGUSR2, handler)
+    try:
+        with StopRequest() as stop:
+            os.kill(os.getpid(), signal.SIGUSR2)
+            deadline = time.time() + 10
+            while stop.signum is None and time.time() < deadline:
+                time.sleep(0.01)
+            with pytest.raises(SystemExit) as exc:
+                stop.exit()
+        return exc.value
+    finally:
+        signal.signal(signal.SIGUSR2, previous)
+
+
+def test_the_requeue_command_survives_the_sigterm_of_its_own_requeue():
+    """SLURM answers ``scontrol requeue`` by sending SIGTERM to every process of the job, the scontrol
+    child of submitit's handler included. The child inherits an ignored SIGTERM, so the handler's
+    ``check_call`` returns; here the child signals itself, as SLURM would."""
+    seen = []
+
+    def requeue(signum, frame):  # as submitit's handler: a checked child process, then the exit
+        subprocess.check_call([sys.executable, "-c", "import os, signal, time; "
+                               "os.kill(os.getpid(), signal.SIGTERM); time.sleep(0.2)"])
+        seen.append(signum)
+
+    assert _stop_after_usr2(requeue).code == 128 + signal.SIGUSR2 and seen == [signal.SIGUSR2]
+    assert signal.getsignal(signal.SIGTERM) is not signal.SIG_IGN  # restored after the handler
+
+
+def test_a_requeue_command_killed_by_its_requeue_still_exits_as_requeued():
+    def killed(signum, frame):  # if scontrol resets the disposition and dies of the SIGTERM anyway
+        raise subprocess.CalledProcessError(-signal.SIGTERM, ["scontrol", "requeue", "8"])
+
+    def failed(signum, frame):  # a real failure of the command stays one
+        raise subprocess.CalledProcessError(1, ["scontrol", "requeue", "8"])
+
+    assert _stop_after_usr2(killed).code == 128 + signal.SIGUSR2
+    with pytest.raises(subprocess.CalledProcessError):
+        _stop_after_usr2(failed)

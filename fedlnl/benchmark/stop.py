@@ -22,6 +22,7 @@ import logging
 import multiprocessing
 import os
 import signal
+import subprocess
 import sys
 import threading
 
@@ -105,5 +106,24 @@ class StopRequest:
         self.restore()
         handler = self.previous.get(self.signum)
         if callable(handler):
-            handler(self.signum, None)  # submitit: requeue (its warning signal) or log (SIGTERM)
+            hand_on(handler, self.signum)  # submitit: requeue (its warning signal) or log (SIGTERM)
         end(128 + int(self.signum))
+
+
+def hand_on(handler, signum: int) -> None:
+    """Call the scheduler's handler with SIGTERM ignored. Submitit's handler for its warning signal
+    runs ``scontrol requeue <this job>``, and SLURM carries the requeue out by sending SIGTERM to every
+    process of the job, that scontrol child included: killed before it exits, it made submitit's
+    ``check_call`` raise, and the task report a failure although the job was requeued (seen in CI). A
+    child inherits the ignored disposition through exec; this process exits right after. If scontrol
+    resets it and dies of the signal anyway, the requeue was carried out: say so and exit as usual."""
+    term = signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        handler(signum, None)
+    except subprocess.CalledProcessError as error:
+        command = [str(part) for part in error.cmd[:2]] if isinstance(error.cmd, (list, tuple)) else []
+        if not (command == ["scontrol", "requeue"] and error.returncode == -signal.SIGTERM):
+            raise
+        log.warning("scontrol requeue was ended by the SIGTERM of the requeue it asked for: the job is requeued")
+    finally:
+        signal.signal(signal.SIGTERM, term)
