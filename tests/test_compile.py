@@ -198,3 +198,30 @@ def test_an_sgd_over_part_of_the_model_takes_eager_gradients_of_that_part_only()
         assert not torch.equal(net[4].weight, head)
     finally:
         compiled.end()
+
+
+@pytest.mark.parametrize("augment", [{"crop": 32, "pad": 4, "flip": True}, {"crop": 28, "pad": 0, "flip": False},
+                                     None])
+def test_the_images_the_compiled_step_computes_equal_the_eager_ones_bit_for_bit(augment):
+    """A deferred batch (uint8 images and the same draws) gives ``images``' tensor: eagerly
+    (``Batch.images``), through ``prepare`` (one-hot products instead of the gather) and compiled;
+    and the draws of a deferred pass leave the generator where the eager pass does."""
+    from fedlnl.methods.common import engine
+    x = torch.randint(0, 256, (23, 3, 32, 32), dtype=torch.uint8)
+    data = engine.TensorData.build(x, (0.49, 0.48, 0.45), (0.25, 0.24, 0.26), augment, "cpu")
+    idx = torch.randperm(23, generator=torch.Generator().manual_seed(1))
+    runs = {}
+    for deferred in (False, True):
+        gen = torch.Generator().manual_seed(0)
+        engine.device_generator(gen, idx.device, fresh=True)
+        runs[deferred] = (list(engine.epoch_batches(data, idx, 10, gen, augment=True, memory_format=torch.channels_last,
+                                                    deferred=deferred)), torch.rand(1, generator=gen))
+    (eager, after), (lazy, lazy_after) = runs[False], runs[True]
+    assert torch.equal(after, lazy_after) and len(eager) == len(lazy) == 3
+    prepare = torch.compile(engine.prepare, dynamic=False)
+    for (pos, images), (pos2, batch) in zip(eager, lazy):
+        assert torch.equal(pos, pos2) and isinstance(batch, engine.Batch)
+        tensors, static = batch.graph_inputs()
+        assert torch.equal(batch.images(), images)
+        assert torch.equal(engine.prepare(*tensors, *static), images)
+        assert torch.equal(prepare(*tensors, *static), images)

@@ -10,7 +10,9 @@ The units compiled, and why these:
   which are copied into the model and the optimiser's state (one ``_foreach_copy_`` each): a pure
   graph, which CUDA graphs can replay (outputs reused next replay, hence the copies). It runs inside
   ``SGD.step``, so the optimiser's step hooks (the runner counts local steps with them) fire as
-  eagerly. On this CPU it is 1.2–1.3x the eager step (``make bench``); the two units below, compiled
+  eagerly. Given an ``engine.Batch``, the graph also makes the images from the uint8 batch and its
+  crop+flip draws (``engine.prepare``; drawn outside, in the eager order). On this CPU a client
+  epoch runs 1.17–1.33x faster than eager (``make bench``, README); the two units below, compiled
   apart, were slower than eager here (0.7–0.9x): the autograd engine and the optimiser's Python ran
   between them. A model's buffers (batch-norm statistics) are updated in place inside the graph.
 - ``loss``: a batch loss function marked ``pure`` (``engine.ce_loss``, the loss of every method that
@@ -155,6 +157,7 @@ def loss(loss_fn: Callable, batch_size: int) -> Callable:
 
 def whole_step(loss_fn: Callable, opt: torch.optim.Optimizer, batch_size: int) -> Callable | None:
     """``step(model, xb, yb) -> loss``, which takes one whole local step of ``opt`` on ``loss_fn``
+    (``xb``: the images, or an ``engine.Batch`` whose images the graph computes from its uint8 images)
     (compiled for full batches of ``batch_size``, eager for a short last batch or a model with dropout),
     where this run compiles, ``loss_fn`` is ``pure`` and ``opt`` is a plain momentum SGD over one group
     of parameters; else None (the caller steps on ``loss(loss_fn, ...)`` itself)."""
@@ -164,8 +167,9 @@ def whole_step(loss_fn: Callable, opt: torch.optim.Optimizer, batch_size: int) -
     if group["dampening"] or group["nesterov"] or group["maximize"]:
         return None
 
-    def step(model: nn.Module, xb: torch.Tensor, yb: torch.Tensor) -> torch.Tensor:
-        opt.batch = (model, loss_fn, xb, yb, xb.shape[0] == batch_size and not _RUN.eager(model))
+    def step(model: nn.Module, xb, yb: torch.Tensor) -> torch.Tensor:
+        n = xb.shape[0] if isinstance(xb, torch.Tensor) else xb.n
+        opt.batch = (model, loss_fn, xb, yb, n == batch_size and not _RUN.eager(model))
         try:
             opt.step()  # the step hooks fire around the whole step
             return opt.loss
@@ -174,10 +178,14 @@ def whole_step(loss_fn: Callable, opt: torch.optim.Optimizer, batch_size: int) -
     return step
 
 
-def _whole_step(loss_fn, model, names, params, buffers, bufs, xb, yb, lr, weight_decay: float, momentum: float):
+def _whole_step(loss_fn, model, names, params, buffers, bufs, xb, yb, lr, weight_decay: float, momentum: float,
+                prepare=None, static=()):
     """One local step as a function of the weights ``params`` (named ``names`` in ``model``) and the
     momentum buffers ``bufs``: the new weights, the new buffers and the loss. torch's SGD update
-    (``torch.optim.sgd``, dampening 0): d = g + λw; b = μb + d; w = w − η·b."""
+    (``torch.optim.sgd``, dampening 0): d = g + λw; b = μb + d; w = w − η·b. ``prepare``: ``xb`` is
+    the tuple of tensors ``prepare(*xb, *static)`` makes the images from (``engine.prepare``)."""
+    if prepare is not None:
+        xb = prepare(*xb, *static)
     def loss_of(weights, buffers):  # the buffers an argument: batch norm updates them in place
         return loss_fn(_Bound(model, {**buffers, **dict(zip(names, weights))}), xb, yb, 0, None)
 
@@ -248,7 +256,9 @@ class SGD(torch.optim.SGD):
                 full = False  # trains a subset of the model's weights: the eager gradients
             else:
                 self._covers = model
+        deferred = not isinstance(xb, torch.Tensor)  # an ``engine.Batch``
         if not full:  # eager forward and backward, then the compiled update
+            xb = xb.images() if deferred else xb
             with torch.enable_grad():
                 loss = loss_fn(model, xb, yb, 0, None)
                 self.zero_grad(set_to_none=True)
@@ -266,9 +276,11 @@ class SGD(torch.optim.SGD):
         if graphs:
             torch.compiler.cudagraph_mark_step_begin()
         names, buffers = _RUN.named(model)
-        weights, new, loss = _RUN.whole(loss_fn)(model, names, params, buffers, bufs, xb, yb,
+        inputs, static = xb.graph_inputs() if deferred else (xb, ())
+        weights, new, loss = _RUN.whole(loss_fn)(model, names, params, buffers, bufs, inputs, yb,
                                                  self._lr(0, group["lr"], params[0]),
-                                                 group["weight_decay"], group["momentum"])
+                                                 group["weight_decay"], group["momentum"],
+                                                 xb.prepare if deferred else None, static)
         torch._foreach_copy_(params, weights)
         if bufs:
             torch._foreach_copy_(bufs, new)

@@ -158,36 +158,107 @@ def _aranges(b: int, crop: int, device: torch.device) -> tuple[torch.Tensor, tor
 def _crop_flip(x: torch.Tensor, gen: torch.Generator | None, crop: int, pad: int = 4, flip: bool = True):
     """``augment_batch`` without the final copy: an NCHW-shaped view with NHWC (channels-last) strides.
     The draws (per image: y offset, x offset, flip coin) are the same, in the same order."""
-    b = x.shape[0]
+    oy, ox, flipped = crop_flip_draws(x.shape, gen, x.device, crop, pad, flip)
+    return crop_flip_apply(x, oy, ox, flipped, crop, pad, *_aranges(x.shape[0], crop, x.device))
+
+
+def crop_flip_draws(shape, gen: torch.Generator | None, device: torch.device, crop: int, pad: int = 4,
+                    flip: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """One batch's crop+flip draws for images of ``shape`` [b, C, H, W], made where the images are (no
+    host->device copy): y offsets, x offsets, then flip coins (None without flips)."""
+    b, (hp, wp) = shape[0], (shape[-2] + 2 * pad, shape[-1] + 2 * pad)
+    g = device_generator(gen, device)
+    oy = torch.randint(0, hp - crop + 1, (b,), generator=g, device=device)
+    ox = torch.randint(0, wp - crop + 1, (b,), generator=g, device=device)
+    flipped = torch.rand(b, generator=g, device=device) < 0.5 if flip else None
+    return oy, ox, flipped
+
+
+def crop_flip_apply(x: torch.Tensor, oy: torch.Tensor, ox: torch.Tensor, flipped: torch.Tensor | None,
+                    crop: int, pad: int, bi: torch.Tensor, ar: torch.Tensor) -> torch.Tensor:
+    """The crop+flip of ``crop_flip_draws`` done with one gather; ``bi, ar``: ``_aranges``."""
     if pad:
         x = F.pad(x, (pad, pad, pad, pad))
-    hp, wp = x.shape[-2:]
-    g = device_generator(gen, x.device)  # drawn where the images are: no host->device copy
-    oy = torch.randint(0, hp - crop + 1, (b,), generator=g, device=x.device)
-    ox = torch.randint(0, wp - crop + 1, (b,), generator=g, device=x.device)
-    bi, ar = _aranges(b, crop, x.device)
     rows = (oy[:, None] + ar[None, :])  # [b, crop]
     cols = (ox[:, None] + ar[None, :])
-    if flip:
-        flipped = torch.rand(b, generator=g, device=x.device) < 0.5
+    if flipped is not None:
         cols = torch.where(flipped[:, None], cols.flip(1), cols)
     # x[b, :, rows[b, i], cols[b, j]] for every image b
     out = x.permute(0, 2, 3, 1)[bi, rows[:, :, None], cols[:, None, :]]
     return out.permute(0, 3, 1, 2)
 
 
+def prepare(raw: torch.Tensor, oy: torch.Tensor | None, ox: torch.Tensor | None, flipped: torch.Tensor | None,
+            mean: torch.Tensor, std: torch.Tensor, crop: int, pad: int, channels_last: bool) -> torch.Tensor:
+    """``TensorData.images`` from the uint8 images and the batch's draws (``oy`` None: no augmentation),
+    as traced inside the compiled whole step (``Batch``), where scaling, crop+flip and normalisation
+    fuse with the forward. The crop+flip is two batched products with one-hot selection matrices,
+    rows then columns (an all-zero row or column is the zero padding): exact, since each output is
+    one pixel times 1 plus zeros, so the images equal the gather's bit for bit (a test). Inductor
+    turns the gather into a scalar loop over the 3 channels: 0.22 ms per batch of 10 on this CPU,
+    the products 0.11 ms (``benchmarks/speed.py`` measures the step)."""
+    xb = raw.float() / 255.0
+    if oy is not None:
+        (h, w), at = raw.shape[-2:], torch.arange(crop, device=raw.device)
+        rows = oy[:, None] + at[None, :] - pad  # [b, crop]: each output row's source row
+        cols = ox[:, None] + at[None, :] - pad
+        if flipped is not None:
+            cols = torch.where(flipped[:, None], cols.flip(1), cols)
+        pick_rows = (rows[:, :, None] == torch.arange(h, device=raw.device)).to(xb.dtype)  # [b, crop, h]
+        pick_cols = (cols[:, None, :] == torch.arange(w, device=raw.device)[:, None]).to(xb.dtype)  # [b, w, crop]
+        xb = pick_rows[:, None] @ xb @ pick_cols[:, None]
+    xb = (xb - mean) / std
+    return xb.contiguous(memory_format=torch.channels_last) if channels_last else xb
+
+
+@dataclass(frozen=True)
+class Batch:
+    """A batch's images not computed yet: its uint8 images and augmentation draws (drawn when the batch
+    was handed out, in ``images``' order). The compiled whole step computes them inside its graph
+    (``prepare``); ``images()`` computes them eagerly, equal to ``TensorData.images`` bit for bit."""
+    data: TensorData
+    raw: torch.Tensor
+    draws: tuple | None  # (oy, ox, flipped) or None (no augmentation)
+    memory_format: torch.memory_format
+
+    @property
+    def n(self) -> int:
+        return self.raw.shape[0]
+
+    def images(self) -> torch.Tensor:
+        xb = self.raw.float().div_(255.0)
+        if self.draws is not None:
+            a = self.data.augment
+            xb = crop_flip_apply(xb, *self.draws, a["crop"], a.get("pad", 4), *_aranges(self.n, a["crop"], xb.device))
+        return ((xb - self.data.mean) / self.data.std).contiguous(memory_format=self.memory_format)
+
+    prepare = staticmethod(prepare)  # what the compiled whole step traces
+
+    def graph_inputs(self) -> tuple[tuple, tuple]:
+        """(tensors, static values) of ``prepare``."""
+        a = self.data.augment or {}
+        draws = self.draws if self.draws is not None else (None, None, None)
+        return ((self.raw, *draws, self.data.mean, self.data.std),
+                (a.get("crop", 0), a.get("pad", 4), self.memory_format == torch.channels_last))
+
+
 def epoch_batches(data: TensorData, idx: torch.Tensor, batch_size: int, gen: torch.Generator, *, augment: bool,
-                  memory_format: torch.memory_format) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+                  memory_format: torch.memory_format, deferred: bool = False) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """(positions, their images) for each shuffled mini-batch of one pass over ``idx``: what a
     local-training loop iterates. The shuffle is drawn first, then each batch's augmentation when
     the batch is handed out, so the draws are those of a loop calling ``batches`` and ``images``
     in turn; under host placement batch k+1's copy is issued before batch k is handed out, so it
     runs while batch k trains (``TensorData.stream_uint8``). A pass's first batch is not prefetched
-    during the previous pass: its shuffle is not drawn yet."""
+    during the previous pass: its shuffle is not drawn yet. ``deferred``: a ``Batch`` (uint8 images and
+    the same draws) instead of the images, for the compiled whole step to compute them in its graph."""
     positions = list(batches(idx.numel(), batch_size, gen, device=idx.device))
     rows = [idx[pos] for pos in positions]
     for pos, row, raw in zip(positions, rows, data.stream_uint8(rows)):
-        yield pos, data.images(row, augment, gen, memory_format, raw=raw)
+        if deferred:
+            draws = crop_flip_draws(raw.shape, gen, raw.device, **data.augment) if augment and data.augment else None
+            yield pos, Batch(data, raw, draws, memory_format)
+        else:
+            yield pos, data.images(row, augment, gen, memory_format, raw=raw)
 
 
 def batches(n: int, batch_size: int, gen: torch.Generator, shuffle: bool = True,
@@ -534,7 +605,7 @@ def local_train(
             begin()
         for _ in range(epochs):
             for step, (pos, xb) in enumerate(epoch_batches(data, idx, batch_size, gen, augment=augment,
-                                                           memory_format=fmt)):
+                                                           memory_format=fmt, deferred=stepping)):
                 yield whole(model, xb, labels[pos]) if stepping else loss_fn(model, xb, labels[pos], step, gen)
 
     values = train_steps(model, opt, gen, losses, stepping=whole and (lambda: losses(stepping=True)))
