@@ -349,26 +349,13 @@ def test_a_held_lock_beats_and_is_released_only_by_its_holder(tmp_path):
 
 def test_after_saving_the_signal_goes_to_the_handler_it_replaced():
     """Inside a submitit job the replaced handler is submitit's (it requeues at USR2); then the
-    process exits with 128 + the signal."""
-    from fedlnl.benchmark.stop import StopRequest
-
+    process exits with 128 + the signal. The handler is not called while the round finishes."""
     seen = []
-    previous = signal.signal(signal.SIGUSR2, lambda signum, frame: seen.append(signum))
-    try:
-        with StopRequest() as stop:
-            os.kill(os.getpid(), signal.SIGUSR2)
-            deadline = time.time() + 10
-            while stop.signum is None and time.time() < deadline:
-                time.sleep(0.01)
-            assert stop.signum == signal.SIGUSR2 and seen == []  # deferred while the round finishes
-            with pytest.raises(SystemExit) as exc:
-                stop.exit()
-        assert exc.value.code == 128 + signal.SIGUSR2 and seen == [signal.SIGUSR2]
-    finally:
-        signal.signal(signal.SIGUSR2, previous)
+    exit_ = _stop_after_usr2(lambda signum, frame: seen.append(signum), before_exit=lambda: seen.append("exit"))
+    assert exit_.code == 128 + signal.SIGUSR2 and seen == ["exit", signal.SIGUSR2]
 
 
-def _stop_after_usr2(handler):
+def _stop_after_usr2(handler, before_exit=lambda: None):
     """Run StopRequest through one SIGUSR2 whose earlier handler is ``handler``; return exit()'s SystemExit."""
     from fedlnl.benchmark.stop import StopRequest
 
@@ -379,6 +366,8 @@ def _stop_after_usr2(handler):
             deadline = time.time() + 10
             while stop.signum is None and time.time() < deadline:
                 time.sleep(0.01)
+            assert stop.signum == signal.SIGUSR2  # deferred: the earlier handler has not run
+            before_exit()
             with pytest.raises(SystemExit) as exc:
                 stop.exit()
         return exc.value
