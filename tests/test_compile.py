@@ -203,13 +203,17 @@ def test_an_sgd_over_part_of_the_model_takes_eager_gradients_of_that_part_only()
 @pytest.mark.parametrize("augment", [{"crop": 32, "pad": 4, "flip": True}, {"crop": 28, "pad": 0, "flip": False},
                                      None])
 def test_the_images_the_compiled_step_computes_equal_the_eager_ones_bit_for_bit(augment):
+    deferred_images_equal_eager_ones(augment, "cpu")
+
+
+def deferred_images_equal_eager_ones(augment, device: str) -> None:
     """A deferred batch (uint8 images and the same draws) gives ``images``' tensor: eagerly
     (``Batch.images``), through ``prepare`` (one-hot products instead of the gather) and compiled;
     and the draws of a deferred pass leave the generator where the eager pass does."""
     from fedlnl.methods.common import engine
     x = torch.randint(0, 256, (23, 3, 32, 32), dtype=torch.uint8)
-    data = engine.TensorData.build(x, (0.49, 0.48, 0.45), (0.25, 0.24, 0.26), augment, "cpu")
-    idx = torch.randperm(23, generator=torch.Generator().manual_seed(1))
+    data = engine.TensorData.build(x, (0.49, 0.48, 0.45), (0.25, 0.24, 0.26), augment, device)
+    idx = torch.randperm(23, generator=torch.Generator().manual_seed(1)).to(device)
     runs = {}
     for deferred in (False, True):
         gen = torch.Generator().manual_seed(0)

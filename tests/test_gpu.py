@@ -24,7 +24,7 @@ if DEVICE == "cuda" and not torch.cuda.is_available():
     pytest.skip("no CUDA device", allow_module_level=True)
 
 from conftest import compose_cfg, method_names  # noqa: E402
-from test_compile import whole_step_matches_torch_sgd  # noqa: E402
+from test_compile import deferred_images_equal_eager_ones, whole_step_matches_torch_sgd  # noqa: E402
 from test_robustness import cli  # noqa: E402
 
 from fedlnl.benchmark import runner as runmod  # noqa: E402
@@ -124,6 +124,10 @@ def test_the_compiled_step_on_the_device_is_within_float_tolerance_of_eager(tmp_
 
 def test_the_compiled_whole_step_with_batch_norm_on_the_device():
     whole_step_matches_torch_sgd(DEVICE)
+
+
+def test_the_images_the_compiled_step_computes_on_the_device_equal_the_eager_ones():
+    deferred_images_equal_eager_ones({"crop": 32, "pad": 4, "flip": True}, DEVICE)
 
 
 def test_a_killed_run_resumes_exactly_on_the_device(tmp_path, monkeypatch):

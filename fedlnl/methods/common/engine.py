@@ -193,11 +193,12 @@ def prepare(raw: torch.Tensor, oy: torch.Tensor | None, ox: torch.Tensor | None,
     """``TensorData.images`` from the uint8 images and the batch's draws (``oy`` None: no augmentation),
     as traced inside the compiled whole step (``Batch``), where scaling, crop+flip and normalisation
     fuse with the forward. The crop+flip is two batched products with one-hot selection matrices,
-    rows then columns (an all-zero row or column is the zero padding): exact, since each output is
-    one pixel times 1 plus zeros, so the images equal the gather's bit for bit (a test). Inductor
+    rows then columns (an all-zero row or column is the zero padding), on the integer pixel values:
+    exact, since each output is one pixel times 1 plus zeros (also where TF32 products round their
+    inputs to 11 bits: integers to 255 pass), so the images equal the gather's bit for bit (a test). Inductor
     turns the gather into a scalar loop over the 3 channels: 0.22 ms per batch of 10 on this CPU,
     the products 0.11 ms (``benchmarks/speed.py`` measures the step)."""
-    xb = raw.float() / 255.0
+    xb = raw.float()  # the pixel values 0..255 are selected, then scaled: exact under TF32 products too
     if oy is not None:
         (h, w), at = raw.shape[-2:], torch.arange(crop, device=raw.device)
         rows = oy[:, None] + at[None, :] - pad  # [b, crop]: each output row's source row
@@ -207,11 +208,11 @@ def prepare(raw: torch.Tensor, oy: torch.Tensor | None, ox: torch.Tensor | None,
         pick_rows = (rows[:, :, None] == torch.arange(h, device=raw.device)).to(xb.dtype)  # [b, crop, h]
         pick_cols = (cols[:, None, :] == torch.arange(w, device=raw.device)[:, None]).to(xb.dtype)  # [b, w, crop]
         xb = pick_rows[:, None] @ xb @ pick_cols[:, None]
-    xb = (xb - mean) / std
+    xb = (xb / 255.0 - mean) / std
     return xb.contiguous(memory_format=torch.channels_last) if channels_last else xb
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Batch:
     """A batch's images not computed yet: its uint8 images and augmentation draws (drawn when the batch
     was handed out, in ``images``' order). The compiled whole step computes them inside its graph
