@@ -225,7 +225,7 @@ def deferred_images_equal_eager_ones(augment, device: str) -> None:
     prepare = torch.compile(engine.prepare, dynamic=False)
     for (pos, images), (pos2, batch) in zip(eager, lazy):
         assert torch.equal(pos, pos2) and isinstance(batch, engine.Batch)
-        tensors, static = batch.graph_inputs()
+        _, tensors, static = batch.graph_inputs()
         assert torch.equal(batch.images(), images)
         assert torch.equal(engine.prepare(*tensors, *static), images)
         assert torch.equal(prepare(*tensors, *static), images)

@@ -276,11 +276,11 @@ class SGD(torch.optim.SGD):
         if graphs:
             torch.compiler.cudagraph_mark_step_begin()
         names, buffers = _RUN.named(model)
-        inputs, static = xb.graph_inputs() if deferred else (xb, ())
+        prepare, inputs, static = xb.graph_inputs() if deferred else (None, xb, ())
         weights, new, loss = _RUN.whole(loss_fn)(model, names, params, buffers, bufs, inputs, yb,
                                                  self._lr(0, group["lr"], params[0]),
                                                  group["weight_decay"], group["momentum"],
-                                                 xb.prepare if deferred else None, static)
+                                                 prepare, static)
         torch._foreach_copy_(params, weights)
         if bufs:
             torch._foreach_copy_(bufs, new)

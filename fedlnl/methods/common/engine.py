@@ -90,9 +90,19 @@ class TensorData:
                memory_format: torch.memory_format = torch.contiguous_format, raw: torch.Tensor | None = None):
         """Normalised float images for global indices ``idx``; augmented if asked and configured.
         ``raw``: their uint8 images already on the device (``stream_images``)."""
-        xb = (self.uint8(idx) if raw is None else raw).float().div_(255.0)
-        if augment and self.augment:
-            xb = _crop_flip(xb, gen, **self.augment)  # NHWC-strided: channels-last needs no copy
+        raw = self.uint8(idx) if raw is None else raw
+        return self.finish(raw, self.draws(raw, gen) if augment else None, memory_format)
+
+    def draws(self, raw: torch.Tensor, gen: torch.Generator | None) -> tuple | None:
+        """The crop+flip draws of the batch ``raw`` (``crop_flip_draws``), or None without augmentation."""
+        return crop_flip_draws(raw.shape, gen, raw.device, **self.augment) if self.augment else None
+
+    def finish(self, raw: torch.Tensor, draws: tuple | None, memory_format: torch.memory_format) -> torch.Tensor:
+        """The normalised images of the uint8 batch ``raw``, cropped and flipped by ``draws`` if given."""
+        xb = raw.float().div_(255.0)
+        if draws is not None:  # NHWC-strided: channels-last needs no copy
+            xb = crop_flip_apply(xb, *draws, self.augment["crop"], self.augment.get("pad", 4),
+                                 *_aranges(raw.shape[0], self.augment["crop"], xb.device))
         return ((xb - self.mean) / self.std).contiguous(memory_format=memory_format)
 
     def stream_uint8(self, batches) -> Iterator[torch.Tensor]:
@@ -227,20 +237,14 @@ class Batch:
         return self.raw.shape[0]
 
     def images(self) -> torch.Tensor:
-        xb = self.raw.float().div_(255.0)
-        if self.draws is not None:
-            a = self.data.augment
-            xb = crop_flip_apply(xb, *self.draws, a["crop"], a.get("pad", 4), *_aranges(self.n, a["crop"], xb.device))
-        return ((xb - self.data.mean) / self.data.std).contiguous(memory_format=self.memory_format)
+        return self.data.finish(self.raw, self.draws, self.memory_format)
 
-    prepare = staticmethod(prepare)  # what the compiled whole step traces
-
-    def graph_inputs(self) -> tuple[tuple, tuple]:
-        """(tensors, static values) of ``prepare``."""
+    def graph_inputs(self) -> tuple[Callable, tuple, tuple]:
+        """``prepare`` (what the compiled whole step traces), its tensors and its static values."""
         a = self.data.augment or {}
         draws = self.draws if self.draws is not None else (None, None, None)
-        return ((self.raw, *draws, self.data.mean, self.data.std),
-                (a.get("crop", 0), a.get("pad", 4), self.memory_format == torch.channels_last))
+        tensors = (self.raw, *draws, self.data.mean, self.data.std)
+        return prepare, tensors, (a.get("crop", 0), a.get("pad", 4), self.memory_format == torch.channels_last)
 
 
 def epoch_batches(data: TensorData, idx: torch.Tensor, batch_size: int, gen: torch.Generator, *, augment: bool,
@@ -256,8 +260,7 @@ def epoch_batches(data: TensorData, idx: torch.Tensor, batch_size: int, gen: tor
     rows = [idx[pos] for pos in positions]
     for pos, row, raw in zip(positions, rows, data.stream_uint8(rows)):
         if deferred:
-            draws = crop_flip_draws(raw.shape, gen, raw.device, **data.augment) if augment and data.augment else None
-            yield pos, Batch(data, raw, draws, memory_format)
+            yield pos, Batch(data, raw, data.draws(raw, gen) if augment else None, memory_format)
         else:
             yield pos, data.images(row, augment, gen, memory_format, raw=raw)
 
