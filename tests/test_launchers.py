@@ -118,3 +118,46 @@ def test_slurm_launcher_submits_nothing_for_a_finished_sweep(tmp_path):
     assert not (sweep / ".submitit").exists()
     statuses = [json.loads(p.read_text())["status"] for p in sweep.glob("*/summary.json")]
     assert statuses == ["complete", "complete"]
+
+
+class _Task:
+    """A submitted task as the SLURM launcher's wait sees it: ``sacct`` gives it a final state from the
+    first look on (``done``), its result file is written or not."""
+
+    class watcher:
+        updates = 0
+
+        @classmethod
+        def update(cls):
+            cls.updates += 1
+
+    def __init__(self, job_id: str, result):
+        self.job_id = job_id
+        self.paths = type("Paths", (), {"result_pickle": result})()
+
+    def done(self) -> bool:
+        return True
+
+
+@pytest.mark.parametrize("looks", [["7"], ["7", "7"], ["7", "7", "7"]])
+def test_slurm_launcher_waits_for_a_task_the_accounting_ends_while_the_queue_lists_it(tmp_path, monkeypatch, looks):
+    """A requeued task waits in the queue while sacct may still give its ended run's final state: the
+    launcher waits until squeue no longer lists it, one look per poll, and no longer; a task that wrote
+    its result is over at once."""
+    pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
+    from hydra_plugins.fedlnl_launchers import slurm_launcher as sl
+
+    queue = [*looks, ""]  # squeue's answers: the task listed at len(looks) looks, then gone
+    asked = []
+
+    def squeue(cmd, **kwargs):
+        asked.append(cmd[0])
+        return subprocess.CompletedProcess(cmd, 0, stdout=queue.pop(0) + "\n", stderr="")
+
+    monkeypatch.setattr(sl, "POLL_S", 0)
+    monkeypatch.setattr(sl.time, "sleep", lambda s: None)
+    monkeypatch.setattr(sl.subprocess, "run", squeue)
+    assert sl._wait([_Task("7", tmp_path / "7_result.pkl")]) == set()
+    assert asked == ["squeue"] * (len(looks) + 1)  # over at the first look without it, not before
+    (tmp_path / "8_result.pkl").write_bytes(b"")
+    assert sl._wait([_Task("8", tmp_path / "8_result.pkl")]) == set() and len(asked) == len(looks) + 1

@@ -150,13 +150,16 @@ def _wait(jobs) -> set[str]:
 
     submitit knows a task is over from its result file or from ``sacct``; a task cancelled while it
     was pending has neither, and submitit would wait for it forever. Such a task is also gone from
-    ``squeue``: one missing from both at two looks in a row is over."""
+    ``squeue``: one missing from both at two looks in a row is over. A final state in ``sacct`` counts
+    only once ``squeue`` no longer lists the task: a requeued task waits in the queue while the
+    accounting may still show its ended run (``_over``)."""
     queue = ["squeue", "-h", "-r", "-o", "%i", "-u", getpass.getuser()]
     vanished: set[str] = set()
     missing: set[str] = set()  # not in the queue at the previous look
+    queued: set[str] | None = None  # in the queue at the last look that got an answer
     look = time.time()
     while True:
-        left = [j for j in jobs if j.job_id not in vanished and not j.done()]  # done(): result file
+        left = [j for j in jobs if j.job_id not in vanished and not _over(j, queued)]
         if not left:
             return vanished
         time.sleep(1)
@@ -174,6 +177,15 @@ def _wait(jobs) -> set[str]:
         now = {j.job_id for j in left if j.job_id not in queued and not j.done()}
         vanished |= now & missing
         missing = now
+
+
+def _over(job, queued: set[str] | None) -> bool:
+    """The task wrote its result, or the accounting gives it a final state and the queue does not
+    list it (any more). With ``sacct`` alone, a local CI run gave up on a task 29 s after submitit had
+    requeued it at its time limit: "state FAILED", although ``scontrol requeue`` had succeeded."""
+    if not job.done():  # result file, else sacct (the state of the last ``watcher.update``)
+        return False
+    return job.paths.result_pickle.exists() or (queued is not None and job.job_id not in queued)
 
 
 def _outcome(job, overrides: list[str], vanished: bool) -> tuple[JobReturn, str | None]:

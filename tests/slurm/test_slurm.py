@@ -199,6 +199,16 @@ def release_requeued(job: str) -> None:
                            capture_output=True, timeout=60)
 
 
+def cluster_record(job: str, lines: int = 30) -> str:
+    """What the cluster recorded of ``job`` (every run's state, sacct -D) and the controller log's last
+    lines, for an assertion message: a task's own log does not say why Slurm ended it."""
+    states = subprocess.run(["sacct", "-n", "-P", "-D", "-X", "-j", job, "-o", "JobID,State,ExitCode,Start,End"],
+                            env=ENV, capture_output=True, text=True, timeout=60).stdout.strip()
+    log = Path(os.environ["SLURM_CONF"]).with_name("slurmctld.log")
+    tail = "\n".join(log.read_text(errors="replace").splitlines()[-lines:]) if log.exists() else f"no {log}"
+    return f"sacct -D of job {job}:\n{states}\nslurmctld.log:\n{tail}"
+
+
 def final_states(job: str, timeout: float = 120) -> list[str]:
     """Every state the job's runs ended in (sacct -D), once the last one has ended: the result file
     that ends the launcher's wait is written just before the task exits."""
@@ -269,7 +279,7 @@ def test_requeued_and_timed_out_cells_resume_to_the_uninterrupted_numbers(tmp_pa
         for p in procs.values():
             p.kill()
     for key, p in procs.items():
-        assert p.returncode == 0, f"{key}: {outs[key].read_text()[-3000:]}"
+        assert p.returncode == 0, (key, outs[key].read_text()[-3000:], key in jobs and cluster_record(jobs[key]))
 
     reference = tmp_path / "straight" / name
     lines = []
