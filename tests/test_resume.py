@@ -224,9 +224,9 @@ def test_device_auto_gives_parallel_jobs_one_gpu_each(monkeypatch, job, count, e
 
 
 # ------------------------------------------------------------------------------- signals
-def _run_cmd(*args) -> list[str]:
+def _run_cmd(*args, rounds: int = 12) -> list[str]:
     return [sys.executable, "-m", "fedlnl.benchmark.run", *args, "method=fedavg", "debug=tiny", "logger=none",
-            "device=cpu", "threads=1", "fl.rounds=12", *NOISY]
+            "device=cpu", "threads=1", f"fl.rounds={rounds}", *NOISY]
 
 
 @pytest.mark.parametrize("sig, sweep", [("SIGTERM", False), ("SIGUSR1", True)])
@@ -273,12 +273,13 @@ def test_a_stopped_joblib_sweep_starts_no_queued_cell(tmp_path):
     process of the sweep is left training."""
     sweep = tmp_path / "sweep"
     cmd = _run_cmd("-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", f"hydra.sweep.dir={sweep}",
-                   "seed=0,1,2,3,4,5")
+                   "seed=0,1,2,3,4,5", rounds=300)  # no cell ends before the signal, however late a worker starts
     proc = subprocess.Popen(cmd, cwd=tmp_path, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, start_new_session=True)
     # stop once both workers train (seeds 0 and 1 each logged 2 rounds). Stopping earlier is a race the
     # test does not mean to take: a worker still loading data when SIGTERM comes is ended by it with
-    # nothing of its cell written but Hydra's .hydra/ (seen in CI, where a loaded machine held seed 1 there).
+    # nothing of its cell written but Hydra's .hydra/ (seen in CI, where a loaded machine held seed 1 there
+    # while seed 0 had logged 3 rounds).
     deadline = time.time() + 300
     while sum(len((c / "timing.jsonl").read_text().splitlines()) >= 2
               for c in sweep.glob("*seed=[01]") if (c / "timing.jsonl").exists()) < 2:
