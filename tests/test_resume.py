@@ -54,8 +54,9 @@ def test_interrupted_run_resumes_to_identical_numbers(tmp_path, monkeypatch, cap
     from fedlnl.benchmark import runner as runmod
 
     cfg = tiny(method, [*extra, f"checkpoint_every={every}"])
-    straight = runmod.run(cfg, tmp_path / "straight", method)
-    assert not (tmp_path / "straight" / "checkpoint.pt").exists()  # removed once complete
+    straight_dir = tmp_path / "alone" / "straight"  # not beside run_dir: FedCorr's shared prefix would start it at stage 3
+    straight = runmod.run(cfg, straight_dir, method)
+    assert not (straight_dir / "checkpoint.pt").exists()  # removed once complete
 
     real_evaluate = runmod.Runner.evaluate
 
@@ -78,11 +79,11 @@ def test_interrupted_run_resumes_to_identical_numbers(tmp_path, monkeypatch, cap
     with caplog.at_level(logging.INFO, logger="fedlnl"):
         resumed = runmod.run(cfg, run_dir, method)
     assert f"resuming after round {saved} of" in caplog.text
-    assert rows_of(run_dir) == rows_of(tmp_path / "straight")
+    assert rows_of(run_dir) == rows_of(straight_dir)
     assert numbers(resumed) == numbers(straight)
     assert not (run_dir / "checkpoint.pt").exists()
     diag = lambda d: json.loads((d / "diagnostics.json").read_text())  # noqa: E731
-    assert diag(run_dir) == diag(tmp_path / "straight")
+    assert diag(run_dir) == diag(straight_dir)
 
 
 def test_checkpoint_of_another_config_is_ignored(tmp_path, monkeypatch, caplog):

@@ -12,6 +12,7 @@ import hashlib
 import json
 import logging
 import math
+import os
 import shutil
 import subprocess
 import sys
@@ -30,7 +31,7 @@ from fedlnl.benchmark import compose, device, preflight
 from fedlnl.benchmark.lock import CellLock, LockError
 from fedlnl.benchmark.metrics import accuracy_summary, cost_to_target
 from fedlnl.benchmark.oracle import OracleScorer
-from fedlnl.benchmark.rundir import check_identity, check_run_dir, completed, config_hash
+from fedlnl.benchmark.rundir import check_identity, check_run_dir, code_hash, completed, config_hash
 from fedlnl.benchmark.setting import setting_of
 from fedlnl.benchmark.sinks import JsonlSink, Sinks, WandbSink, write_json_atomic
 from fedlnl.benchmark.stop import StopRequest, refuse_after_signal
@@ -41,6 +42,10 @@ from fedlnl.models.layers import random_source
 from fedlnl.methods.common.protocol import ALL_CLIENTS, ClientView, RoundContext
 
 log = logging.getLogger("fedlnl")
+
+#: beside the run directories (in their parent: a sweep's directory, or results/runs), the states
+#: at the end of a shared prefix (``Runner.prefix``), one file per key
+PREFIX_DIR = ".prefixes"
 
 
 def git_commit() -> str | None:
@@ -92,6 +97,9 @@ class Runner:
                            for ix in self.fed.client_indices]
         self.scorer = OracleScorer(self.fed.oracle, self.fed.client_indices, self.labels)
         self.records: dict = {}  # ctx.record(...) diagnostics, written to diagnostics.json
+        self.prefix = self._prefix()
+        self.prefix_from = None  # the shared prefix this run started from, for summary.json
+        self.prefix_bad = False  # its file was unreadable: this run replaces it
         self.effective = compose.effective(self.method, self.resolved["method"], int(cfg.fl.rounds), self.info)
         log.info("effective: %s", json.dumps(self.effective, sort_keys=True))
         log.info("device %s, %d torch threads", self.device, torch.get_num_threads())
@@ -115,23 +123,34 @@ class Runner:
     def _ckpt_path(self) -> Path:
         return self.run_dir / "checkpoint.pt"
 
-    def save_checkpoint(self, state, rnd: int) -> None:
-        """Write ``checkpoint.pt`` atomically; a failed write (a full disk) leaves the last one and
-        no temporary file, and raises OSError naming the file and the free space."""
-        tmp = self.run_dir / ".checkpoint.pt.tmp"
+    def save_checkpoint(self, state, rnd: int, path: Path | None = None, **extra) -> None:
+        """Write ``checkpoint.pt`` (or ``path``) atomically; a failed write (a full disk) leaves the
+        last one and no temporary file, and raises OSError naming the file and the free space."""
+        path = path or self._ckpt_path()
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # several processes may write one prefix
         try:
             torch.save({"config_hash": self.hash, "identity": self.identity, "round": rnd, "state": state, "labels": self.labels,
                         "scorer": (self.scorer.num_relabels, self.scorer.num_correct_relabels, self.scorer.latest,
                                    self.scorer.mu_hat, self.scorer.flagged), "records": self.records,
                         "rows": self.rows, "comm": self.comm, "bytes": self.bytes_up, "steps": self.steps,
-                        "elapsed": time.time() - self.t0}, tmp)
-            tmp.replace(self._ckpt_path())
+                        "elapsed": time.time() - self.t0, **extra}, tmp)
+            tmp.replace(path)
         except (OSError, RuntimeError) as err:  # torch reports a full disk as "file write failed"
             tmp.unlink(missing_ok=True)
-            free = shutil.disk_usage(self.run_dir).free
+            free = shutil.disk_usage(path.parent).free
             raise OSError(errno.ENOSPC if free < 1 << 20 else errno.EIO,
-                          f"could not write {self._ckpt_path()} ({preflight.first_line(err)}); "
+                          f"could not write {path} ({preflight.first_line(err)}); "
                           f"{free / 1e6:,.1f} MB free on its file system") from err
+
+    def _restore(self, ck: dict):
+        """The runner's side of a saved round (labels, scores, rows, counters); the method's state."""
+        self.labels.copy_(ck["labels"])
+        (self.scorer.num_relabels, self.scorer.num_correct_relabels, self.scorer.latest,
+         self.scorer.mu_hat, self.scorer.flagged) = ck["scorer"]
+        self.records.update(ck["records"])
+        self.rows, self.comm, self.bytes_up, self.steps = ck["rows"], ck["comm"], ck["bytes"], ck.get("steps", 0)
+        self.t0 -= ck["elapsed"]
+        return ck["state"], ck["round"] + 1
 
     def load_checkpoint(self):
         path = self._ckpt_path()
@@ -150,14 +169,60 @@ class Runner:
         if ck["config_hash"] != self.hash:
             log.warning("checkpoint in %s is for another config; starting over", self.run_dir)
             return None
-        self.labels.copy_(ck["labels"])
-        (self.scorer.num_relabels, self.scorer.num_correct_relabels, self.scorer.latest,
-         self.scorer.mu_hat, self.scorer.flagged) = ck["scorer"]
-        self.records.update(ck["records"])
-        self.rows, self.comm, self.bytes_up, self.steps = ck["rows"], ck["comm"], ck["bytes"], ck.get("steps", 0)
-        self.t0 -= ck["elapsed"]
         log.info("resuming after round %d of %d (%s)", ck["round"] + 1, self.total, path)
-        return ck["state"], ck["round"] + 1
+        return self._restore(ck)
+
+    # ------------------------------------------------------------------ shared prefixes
+    def _prefix(self) -> tuple[int, str, Path] | None:
+        """(rounds, key, file) of this run's shared prefix, or None.
+
+        A method whose first rounds do not depend on some of its keys declares it with
+        ``shared_prefix(info, method_cfg) -> (rounds, method_cfg with those keys neutralised)``:
+        FedCorr's stages 1-2 are the same whatever method runs stage 3. Runs whose key is equal (the
+        config hash with that method config, the code's hash, the device identity) compute identical
+        first ``rounds`` rounds, so the first of them to get there saves its state and the others
+        start from it (``reuse_prefix``; FedCorr and its stage-3 variants in one sweep)."""
+        hook = getattr(self.method, "shared_prefix", None)
+        point = hook(self.info, self.resolved["method"]) if hook and self.cfg.get("reuse_prefix", True) else None
+        if point is None:
+            return None
+        rounds, method_cfg = point
+        key = hashlib.blake2b(json.dumps({"config": config_hash({**self.resolved, "method": method_cfg}), "rounds": rounds,
+                                          "code": code_hash(), "identity": self.identity}, sort_keys=True,
+                                         default=str).encode(), digest_size=8).hexdigest()
+        return rounds, key, self.run_dir.parent / PREFIX_DIR / f"{key}.pt"
+
+    def load_prefix(self):
+        """The state after the shared prefix, saved by another run of the same key; None when there
+        is none (or it is unreadable: this run computes the prefix and saves it again)."""
+        if self.prefix is None or not self.prefix[2].is_file():
+            return None
+        rounds, key, path = self.prefix
+        try:
+            ck = torch.load(path, map_location=self.device, weights_only=False)
+            if not isinstance(ck, dict) or ck.get("prefix_key") != key or ck.get("round") != rounds - 1:
+                raise ValueError("not the state of this prefix")
+        except Exception as err:  # noqa: BLE001  (a foreign or truncated file: compute and replace it)
+            log.warning("shared prefix %s is unreadable (%s); computing rounds 1-%d", path, preflight.first_line(err), rounds)
+            self.prefix_bad = True
+            return None
+        self.prefix_from = {"key": key, "rounds": rounds, "saved_by": ck.get("saved_by"), "elapsed_s": ck["elapsed"]}
+        log.info("starting after round %d of %d from the shared prefix %s, saved by %s (same federation, config of "
+                 "rounds 1-%d, code and device; reuse_prefix=false computes them)", rounds, self.total, path,
+                 ck.get("saved_by"), rounds)
+        return self._restore(ck)
+
+    def save_prefix(self, state, rnd: int) -> None:
+        """Save the state after the prefix's last round for the runs that share it; a failed write
+        only costs them the time (logged), never this run."""
+        rounds, key, path = self.prefix
+        if rnd + 1 != rounds or (path.is_file() and not self.prefix_bad):
+            return
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self.save_checkpoint(state, rnd, path=path, prefix_key=key, saved_by=self.run_dir.name)
+        except OSError as err:
+            log.warning("could not save the shared prefix (%s); runs that share it compute it", preflight.first_line(err))
 
     # ------------------------------------------------------------------ the loop
     def run(self, stop: StopRequest | None = None) -> dict:
@@ -167,7 +232,7 @@ class Runner:
         self.rows, self.comm, self.bytes_up, self.steps = [], 0, 0, 0
         self.stopped = None
         state, start = None, 0
-        resumed = self.load_checkpoint()
+        resumed = self.load_checkpoint() or self.load_prefix()
         if resumed:
             state, start = resumed
         else:
@@ -209,6 +274,8 @@ class Runner:
                     log.info("round %d/%d acc=%s", rnd + 1, self.total, self.rows[-1]["acc"] if self.rows else None)
                 if rnd + 1 == self.total:
                     break
+                if self.prefix is not None:
+                    self.save_prefix(state, rnd)
                 stopping = stop is not None and stop.signum is not None
                 due = (ck_every and (rnd + 1) % ck_every == 0) or (ck_seconds and time.monotonic() - last_ck >= ck_seconds)
                 if due or stopping:
@@ -293,6 +360,7 @@ class Runner:
             "detection": dict(self.scorer.latest), "git_commit": git_commit(),
             "setting": setting_of(self.resolved), "config": self.resolved, "config_hash": self.hash,
             "device": str(self.device), "identity": self.identity, "compile": self.compile_mode,
+            "prefix": self.prefix_from,
         }
         sinks.summary(summary)
         sinks.close(status)

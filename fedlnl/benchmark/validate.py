@@ -138,6 +138,7 @@ def validate(cfg: DictConfig, num_train: int | None = None) -> None:
     _num(cfg, "seed", lambda v: v <= 2**63 - 1, "an integer in [0, 2**63 - 1]")
     _num(cfg, "checkpoint_minutes", lambda v: v >= 0, "minutes >= 0 (0 = no time-based checkpoints)")
     _flag(cfg, "skip_complete")
+    _flag(cfg, "reuse_prefix")
     _flag(cfg, "compile")
     _targets(cfg)
     for key, value in (("fidelity", cfg.get("fidelity")), ("noise.fidelity", cfg.noise.get("fidelity", "paper"))):

@@ -15,11 +15,12 @@ from __future__ import annotations
 #: model, determinism mode, torch version), recorded in summary.json and the checkpoint: a resume and
 #: ``skip_complete`` refuse a cell recorded with another device kind or mode, and the report keeps
 #: device kinds in separate rows. ``data_placement`` moves the same bytes by another route (host and
-#: device placement give byte-identical metrics).
+#: device placement give byte-identical metrics). ``reuse_prefix`` loads rounds another run computed from
+#: the same config, code and identity (``benchmark/runner.py``): the same numbers.
 #: ``compile`` is not here: a compiled local step (``methods/common/compiled.py``) rounds differently from
 #: the eager one, so compiled and eager runs are two configurations.
 NON_RESULT_KEYS = ("logger", "name", "preset", "checkpoint_every", "checkpoint_minutes", "skip_complete",
-                   "dry_run", "device", "determinism", "data_placement", "hydra")
+                   "reuse_prefix", "dry_run", "device", "determinism", "data_placement", "hydra")
 
 #: result keys added after runs were already made, with the value that reproduces those runs: at that
 #: value the key stays out of the config hash, so a run made before the key existed keeps its hash

@@ -69,6 +69,9 @@ Implementation notes and decisions where paper and code are silent
   ``ctx.record("lid" / "lid/iter{t}", ...)`` with the per-iteration and cumulative LIDs, the LID-GMM
   parameters, the noisy set and μ̂ (FedCorr Figs. 3, 6). Stage 2 records ``"finetuning"``.
 - Stage 2 picks m = min(max(⌊γN⌋, 1), |S_c|) clients uniformly without replacement (as the code).
+- Stages 1–2 never call ``stage3``, so FedCorr and its variants share them (``shared_prefix``): the
+  runner computes them once per federation and starts each variant's stage 3 from that state
+  (``reuse_prefix``, benchmark/runner.py), with the numbers the variant computes alone.
 """
 from __future__ import annotations
 
@@ -253,6 +256,15 @@ class FedCorr(Method):
 
     def total_rounds(self, info, rounds=None):
         return sum(self._lengths(info.num_clients).values())
+
+    def shared_prefix(self, info, method_cfg: dict):
+        """Stages 1-2 do not depend on ``stage3`` (it is first called at stage 3's first round), so
+        FedCorr and its stage-3 variants (paper Fig. 4) of one federation share them: the runner
+        starts stage 3 from the state the first of them saved (``reuse_prefix``). T3 stays in the key
+        (the context's ``total_rounds`` counts it)."""
+        lengths = self._lengths(info.num_clients)
+        start3 = lengths[PRE] + lengths[FT]
+        return (start3, {**method_cfg, "stage3": None}) if start3 and lengths[USUAL] else None
 
     def stage3_rounds(self, info) -> int:
         """Rounds the stage-3 method runs (T3, or 0 without usual training)."""

@@ -205,6 +205,10 @@ class Method(Protocol):
     not read, with the reason (a command-line override of one is refused rather than ignored).
     ``noise_rate_key: str | None`` names the hyperparameter set to ``noise`` (= ``info.noise_rate``), so
     that preflight refuses a noise config without a known rate before any cell trains.
+    ``shared_prefix(info, method_cfg) -> (rounds, method_cfg') | None`` declares that the first
+    ``rounds`` rounds depend on the method's config only through ``method_cfg'`` (FedCorr: its config
+    without ``stage3``): runs of equal ``method_cfg'``, other config, code and device identity start
+    after those rounds from the state the first of them saved (``reuse_prefix``, benchmark/runner.py).
 
     Plans (``dry_run=true``, ``fedlnl.benchmark.plan``) walk the same schedule without training:
     ``plan_clients(ctx) -> list[int] | Planned`` gives a round's clients from the code
