@@ -74,6 +74,7 @@ def test_a_stage3_variant_from_the_shared_prefix_has_the_numbers_it_computes_alo
     assert evaluated == list(range(start3 + 1, first["total_rounds"] + 1))  # stages 1-2 not trained again
     assert forked["prefix"]["saved_by"] == "fedcorr" and forked["prefix"]["rounds"] == start3
     assert forked["wall_time_s"] >= forked["prefix"]["elapsed_s"]  # the method's cost, prefix included
+    assert forked["cpu_time_s"] >= forked["prefix"]["cpu_time_s"] > 0
 
     alone = run(tiny(variant, "reuse_prefix=false"), tmp_path / "alone" / variant, variant)
     assert alone["prefix"] is None and prefixes(tmp_path / "alone") == []  # false: neither saved nor loaded

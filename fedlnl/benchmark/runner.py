@@ -133,7 +133,7 @@ class Runner:
                         "scorer": (self.scorer.num_relabels, self.scorer.num_correct_relabels, self.scorer.latest,
                                    self.scorer.mu_hat, self.scorer.flagged), "records": self.records,
                         "rows": self.rows, "comm": self.comm, "bytes": self.bytes_up, "steps": self.steps,
-                        "elapsed": time.time() - self.t0, **extra}, tmp)
+                        "elapsed": time.time() - self.t0, "cpu": time.process_time() - self.c0, **extra}, tmp)
             tmp.replace(path)
         except (OSError, RuntimeError) as err:  # torch reports a full disk as "file write failed"
             tmp.unlink(missing_ok=True)
@@ -150,6 +150,7 @@ class Runner:
         self.records.update(ck["records"])
         self.rows, self.comm, self.bytes_up, self.steps = ck["rows"], ck["comm"], ck["bytes"], ck.get("steps", 0)
         self.t0 -= ck["elapsed"]
+        self.c0 -= ck.get("cpu", 0.0)
         return ck["state"], ck["round"] + 1
 
     def load_checkpoint(self):
@@ -206,7 +207,8 @@ class Runner:
             log.warning("shared prefix %s is unreadable (%s); computing rounds 1-%d", path, preflight.first_line(err), rounds)
             self.prefix_bad = True
             return None
-        self.prefix_from = {"key": key, "rounds": rounds, "saved_by": ck.get("saved_by"), "elapsed_s": ck["elapsed"]}
+        self.prefix_from = {"key": key, "rounds": rounds, "saved_by": ck.get("saved_by"), "elapsed_s": ck["elapsed"],
+                            "cpu_time_s": ck.get("cpu")}
         log.info("starting after round %d of %d from the shared prefix %s, saved by %s (same federation, config of "
                  "rounds 1-%d, code and device; reuse_prefix=false computes them)", rounds, self.total, path,
                  ck.get("saved_by"), rounds)
@@ -228,7 +230,7 @@ class Runner:
     def run(self, stop: StopRequest | None = None) -> dict:
         """Train to the end of the schedule, or, once ``stop`` has caught a signal, to the end of
         the round in progress: checkpoint, ``status: interrupted``."""
-        self.t0 = time.time()
+        self.t0, self.c0 = time.time(), time.process_time()
         self.rows, self.comm, self.bytes_up, self.steps = [], 0, 0, 0
         self.stopped = None
         state, start = None, 0
@@ -356,6 +358,9 @@ class Runner:
             "cost_to_target_balanced": cost_to_target(self.rows, list(self.cfg.targets), key="balanced_acc"),
             "bytes_up": self.bytes_up, "local_steps": self.steps, "rounds_run": self.rows[-1]["round"] if self.rows else 0,
             "total_rounds": self.total, "wall_time_s": time.time() - self.t0,
+            # this process's CPU seconds (all its threads) in the loop, resumed and shared rounds included:
+            # the compute, unlike the wall clock, does not count pauses or other processes' time
+            "cpu_time_s": time.process_time() - self.c0,
             "federation_hash": self.fed.hash, "federation": federation_stats(self.fed),
             "detection": dict(self.scorer.latest), "git_commit": git_commit(),
             "setting": setting_of(self.resolved), "config": self.resolved, "config_hash": self.hash,
