@@ -328,7 +328,7 @@ def test_host_placement_gives_byte_identical_metrics(tmp_path, monkeypatch, meth
     monkeypatch.setattr(HostImages, "stream", counting)
     sums = {}
     for where in ("device", "host"):
-        run_dir = tmp_path / where
+        run_dir = tmp_path / where / "run"  # apart: FedCorr's shared prefix would start the second at stage 3
         streamed.clear()
         code, out, err = cli([*TINY, "threads=1", f"method={method}", "noise.rho_tau=[0.6,0.5]",
                               f"data_placement={where}", f"hydra.run.dir={run_dir}"], tmp_path)

@@ -24,11 +24,11 @@ def test_method_runs_end_to_end_as_planned_and_resumes_mid_run(tmp_path, monkeyp
 
     extra = [*NOISY, "checkpoint_minutes=1e-9"]  # a checkpoint after every round: resume from any round
     planned = plan_config(compose_cfg([f"method={method}", "debug=tiny", "logger=none", "device=cpu", *extra]), "cnn")
-    s = run_tiny(tmp_path / "straight", extra, method)
+    s = run_tiny(tmp_path / "alone" / "straight", extra, method)  # apart: FedCorr's shared prefix would start "resumed" at stage 3
     assert s["status"] == "complete", s
     assert 0.0 <= s["best_acc"] <= 1.0 and s["best_acc"] >= s["final_acc"] - 1e-12
     assert s["rounds_run"] == s["total_rounds"] >= 1
-    rows = [json.loads(line) for line in (tmp_path / "straight" / "metrics.jsonl").read_text().splitlines()]
+    rows = [json.loads(line) for line in (tmp_path / "alone" / "straight" / "metrics.jsonl").read_text().splitlines()]
     assert rows and all({"round", "acc", "comm_cost"} <= set(r) for r in rows)
     assert [r["comm_cost"] for r in rows] == sorted(r["comm_cost"] for r in rows)
     assert compare(planned.as_dict(), s) == [], (planned.as_dict(), s)
@@ -45,9 +45,9 @@ def test_method_runs_end_to_end_as_planned_and_resumes_mid_run(tmp_path, monkeyp
         run_tiny(tmp_path / "resumed", extra, method)
     monkeypatch.setattr(runmod.Runner, "evaluate", real)
     resumed = run_tiny(tmp_path / "resumed", extra, method)
-    assert (tmp_path / "resumed" / "metrics.jsonl").read_bytes() == (tmp_path / "straight" / "metrics.jsonl").read_bytes()
+    assert (tmp_path / "resumed" / "metrics.jsonl").read_bytes() == (tmp_path / "alone" / "straight" / "metrics.jsonl").read_bytes()
     keys = ("best_acc", "final_acc", "comm_cost", "local_steps", "bytes_up", "detection", "federation_hash")
-    written = [json.loads((tmp_path / d / "summary.json").read_text()) for d in ("resumed", "straight")]
+    written = [json.loads((d / "summary.json").read_text()) for d in (tmp_path / "resumed", tmp_path / "alone" / "straight")]
     assert {k: written[0][k] for k in keys} == {k: written[1][k] for k in keys}  # as written: NaN scores are null
     assert resumed["status"] == "complete"
     assert s["family"] in FAMILIES
