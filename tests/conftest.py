@@ -59,6 +59,23 @@ def run_tiny(tmp_path: Path, overrides: list[str], method: str = "fedavg") -> di
     return run(cfg, tmp_path, method)
 
 
+def crash_after(monkeypatch, last: int):
+    """Make every run raise KeyboardInterrupt (a Ctrl-C or a preempted job) once it has evaluated
+    round ``last``; ``monkeypatch.undo()`` or the returned function restores the runner."""
+    from fedlnl.benchmark import runner as runmod
+
+    real = runmod.Runner.evaluate
+
+    def crash(self, state, rnd, losses, agg):
+        row = real(self, state, rnd, losses, agg)
+        if row["round"] == last:
+            raise KeyboardInterrupt
+        return row
+
+    monkeypatch.setattr(runmod.Runner, "evaluate", crash)
+    return lambda: monkeypatch.setattr(runmod.Runner, "evaluate", real)
+
+
 @pytest.fixture
 def shared_data() -> Path:
     if not (SHARED / "data" / "cifar10-jpeg").is_dir():

@@ -9,7 +9,7 @@ import logging
 import pytest
 import torch
 
-from conftest import compose_cfg
+from conftest import compose_cfg, crash_after
 
 # θ = 0.1: the weak tiny model relabels in stages 1-2, so the corrected labels are part of the state
 NOISY = ["noise.rho=0.6", "noise.tau=0.5", "method.theta=0.1"]
@@ -132,19 +132,11 @@ def test_a_run_resumes_from_its_own_checkpoint_before_a_prefix(tmp_path, monkeyp
     """A variant interrupted in stage 1 resumes from its checkpoint (round 4), not from the prefix."""
     from fedlnl.benchmark import runner as runmod
 
-    real = runmod.Runner.evaluate
-
-    def crash(self, state, rnd, losses, agg):
-        row = real(self, state, rnd, losses, agg)
-        if row["round"] == 5:
-            raise KeyboardInterrupt
-        return row
-
     cfg = tiny("fedcorr_median", "checkpoint_every=2")
-    monkeypatch.setattr(runmod.Runner, "evaluate", crash)
+    restore = crash_after(monkeypatch, 5)
     with pytest.raises(KeyboardInterrupt):
         runmod.run(cfg, tmp_path / "median", "fedcorr_median")
-    monkeypatch.setattr(runmod.Runner, "evaluate", real)
+    restore()
     runmod.run(tiny("fedcorr"), tmp_path / "fedcorr", "fedcorr")  # the prefix now exists
     with caplog.at_level(logging.INFO, logger="fedlnl"):
         s = runmod.run(cfg, tmp_path / "median", "fedcorr_median")

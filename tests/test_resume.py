@@ -14,7 +14,7 @@ import time
 import pytest
 import torch
 
-from conftest import CONF, REPO, compose_cfg
+from conftest import CONF, REPO, compose_cfg, crash_after
 
 NOISY = ["noise.rho=0.6", "noise.tau=0.5"]
 
@@ -58,16 +58,8 @@ def test_interrupted_run_resumes_to_identical_numbers(tmp_path, monkeypatch, cap
     straight = runmod.run(cfg, straight_dir, method)
     assert not (straight_dir / "checkpoint.pt").exists()  # removed once complete
 
-    real_evaluate = runmod.Runner.evaluate
-
-    def crash(self, state, rnd, losses, agg):
-        row = real_evaluate(self, state, rnd, losses, agg)
-        if row["round"] == crash_at:
-            raise KeyboardInterrupt  # e.g. Ctrl-C or a preempted job, after round `crash_at`
-        return row
-
     run_dir = tmp_path / "resumed"
-    monkeypatch.setattr(runmod.Runner, "evaluate", crash)
+    restore = crash_after(monkeypatch, crash_at)
     with pytest.raises(KeyboardInterrupt):
         runmod.run(cfg, run_dir, method)
     assert json.loads((run_dir / "summary.json").read_text())["status"] == "failed"
@@ -75,7 +67,7 @@ def test_interrupted_run_resumes_to_identical_numbers(tmp_path, monkeypatch, cap
     saved = torch.load(run_dir / "checkpoint.pt", weights_only=False)["round"] + 1
     assert saved == (crash_at - 1) // every * every  # the last checkpoint before the crash
 
-    monkeypatch.setattr(runmod.Runner, "evaluate", real_evaluate)
+    restore()
     with caplog.at_level(logging.INFO, logger="fedlnl"):
         resumed = runmod.run(cfg, run_dir, method)
     assert f"resuming after round {saved} of" in caplog.text
@@ -90,18 +82,10 @@ def test_checkpoint_of_another_config_is_ignored(tmp_path, monkeypatch, caplog):
     from fedlnl.benchmark import runner as runmod
 
     cfg = tiny("fedavg", ["fl.rounds=4", "checkpoint_every=1"])
-    real_evaluate = runmod.Runner.evaluate
-
-    def crash(self, state, rnd, losses, agg):
-        row = real_evaluate(self, state, rnd, losses, agg)
-        if row["round"] == 3:
-            raise KeyboardInterrupt
-        return row
-
-    monkeypatch.setattr(runmod.Runner, "evaluate", crash)
+    restore = crash_after(monkeypatch, 3)
     with pytest.raises(KeyboardInterrupt):
         runmod.run(cfg, tmp_path, "fedavg")
-    monkeypatch.setattr(runmod.Runner, "evaluate", real_evaluate)
+    restore()
     other = tiny("fedavg", ["fl.rounds=4", "checkpoint_every=1", "fl.lr=0.02"])
     with caplog.at_level(logging.INFO, logger="fedlnl"):
         s = runmod.run(other, tmp_path, "fedavg")
