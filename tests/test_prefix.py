@@ -113,6 +113,23 @@ def test_a_prefix_of_another_code_version_is_never_loaded(tmp_path, monkeypatch)
     assert s["prefix"] is None and len(prefixes(tmp_path)) == 2
 
 
+def test_a_prefix_of_another_federation_content_is_never_loaded(tmp_path, monkeypatch):
+    """Same config, other data (e.g. a label file replaced under the same dataset name): the
+    federation's content hash differs, so the prefix is not the run's."""
+    from fedlnl.benchmark import runner as runmod
+
+    runmod.run(tiny("fedcorr"), tmp_path / "fedcorr", "fedcorr")
+    real = runmod.Runner._prefix
+
+    def other_data(self):
+        self.fed.hash = "other content"
+        return real(self)
+
+    monkeypatch.setattr(runmod.Runner, "_prefix", other_data)
+    s = runmod.run(tiny("fedcorr_median"), tmp_path / "median", "fedcorr_median")
+    assert s["prefix"] is None and len(prefixes(tmp_path)) == 2
+
+
 def test_an_unreadable_prefix_is_computed_and_replaced(tmp_path, caplog):
     from fedlnl.benchmark.runner import run
 

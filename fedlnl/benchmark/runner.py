@@ -180,7 +180,8 @@ class Runner:
         A method whose first rounds do not depend on some of its keys declares it with
         ``shared_prefix(info, method_cfg) -> (rounds, method_cfg with those keys neutralised)``:
         FedCorr's stages 1-2 are the same whatever method runs stage 3. Runs whose key is equal (the
-        config hash with that method config, the code's hash, the device identity) compute identical
+        config hash with that method config, the federation's content hash (the data files may change
+        under one config), the code's hash, the device identity) compute identical
         first ``rounds`` rounds, so the first of them to get there saves its state and the others
         start from it (``reuse_prefix``; FedCorr and its stage-3 variants in one sweep)."""
         hook = getattr(self.method, "shared_prefix", None)
@@ -189,7 +190,8 @@ class Runner:
             return None
         rounds, method_cfg = point
         key = hashlib.blake2b(json.dumps({"config": config_hash({**self.resolved, "method": method_cfg}), "rounds": rounds,
-                                          "code": code_hash(), "identity": self.identity}, sort_keys=True,
+                                          "federation": self.fed.hash, "code": code_hash(), "identity": self.identity},
+                                         sort_keys=True,
                                          default=str).encode(), digest_size=8).hexdigest()
         return rounds, key, self.run_dir.parent / PREFIX_DIR / f"{key}.pt"
 
