@@ -1,6 +1,7 @@
 """Shared test helpers: compose the real Hydra config and run tiny federations."""
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -57,6 +58,19 @@ def run_tiny(tmp_path: Path, overrides: list[str], method: str = "fedavg") -> di
 
     cfg = compose_cfg([f"method={method}", "debug=tiny", "logger=none", "device=cpu", *overrides])
     return run(cfg, tmp_path, method)
+
+
+def rows_of(run_dir) -> list[dict]:
+    """metrics.jsonl without the wall-clock column."""
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in r.items() if k != "time_s"} for r in rows]
+
+
+def numbers(summary: dict, extra: tuple = ()) -> dict:
+    """The summary's result figures (and ``extra`` keys): equal for two runs of one config."""
+    keys = (*extra, "status", "best_acc", "final_acc", "last10_acc", "comm_cost", "cost_to_target", "bytes_up",
+            "rounds_run", "total_rounds", "detection", "federation_hash", "config_hash")
+    return {k: summary[k] for k in keys}
 
 
 def crash_after(monkeypatch, last: int):

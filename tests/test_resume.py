@@ -14,21 +14,9 @@ import time
 import pytest
 import torch
 
-from conftest import CONF, REPO, compose_cfg, crash_after
+from conftest import CONF, REPO, compose_cfg, crash_after, numbers, rows_of
 
 NOISY = ["noise.rho=0.6", "noise.tau=0.5"]
-
-
-def rows_of(run_dir) -> list[dict]:
-    """metrics.jsonl without the wall-clock column."""
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return [{k: v for k, v in r.items() if k != "time_s"} for r in rows]
-
-
-def numbers(summary: dict) -> dict:
-    keys = ("status", "best_acc", "final_acc", "last10_acc", "comm_cost", "cost_to_target", "bytes_up",
-            "rounds_run", "total_rounds", "detection", "federation_hash", "config_hash")
-    return {k: summary[k] for k in keys}
 
 
 def tiny(method: str, extra=()):

@@ -7,6 +7,7 @@ typo in ``hydra.run.dir`` never overwrites another run's summary, metrics or ``.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -26,19 +27,15 @@ def config_hash(cfg: dict) -> str:
     return hashlib.blake2b(json.dumps(kept, sort_keys=True, default=str).encode(), digest_size=8).hexdigest()
 
 
-_CODE_HASH: list[str] = []
-
-
+@functools.cache
 def code_hash() -> str:
     """A hash of the fedlnl package's Python sources: state saved by one version of the code is
     never loaded as another's (the shared prefixes of ``runner.Runner``)."""
-    if not _CODE_HASH:
-        root = Path(__file__).resolve().parents[1]
-        h = hashlib.blake2b(digest_size=8)
-        for path in sorted(root.rglob("*.py")):
-            h.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")
-        _CODE_HASH.append(h.hexdigest())
-    return _CODE_HASH[0]
+    root = Path(__file__).resolve().parents[1]
+    h = hashlib.blake2b(digest_size=8)
+    for path in sorted(root.rglob("*.py")):
+        h.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")
+    return h.hexdigest()
 
 
 def read_summary(run_dir: Path) -> dict | None:

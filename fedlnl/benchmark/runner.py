@@ -99,7 +99,6 @@ class Runner:
         self.records: dict = {}  # ctx.record(...) diagnostics, written to diagnostics.json
         self.prefix = self._prefix()
         self.prefix_from = None  # the shared prefix this run started from, for summary.json
-        self.prefix_bad = False  # its file was unreadable: this run replaces it
         self.effective = compose.effective(self.method, self.resolved["method"], int(cfg.fl.rounds), self.info)
         log.info("effective: %s", json.dumps(self.effective, sort_keys=True))
         log.info("device %s, %d torch threads", self.device, torch.get_num_threads())
@@ -203,11 +202,12 @@ class Runner:
         rounds, key, path = self.prefix
         try:
             ck = torch.load(path, map_location=self.device, weights_only=False)
-            if not isinstance(ck, dict) or ck.get("prefix_key") != key or ck.get("round") != rounds - 1:
+            if not isinstance(ck, dict) or ck.get("prefix_key") != key:
                 raise ValueError("not the state of this prefix")
-        except Exception as err:  # noqa: BLE001  (a foreign or truncated file: compute and replace it)
+        except Exception as err:  # noqa: BLE001  (a foreign or truncated file: written whole by os.replace, so never
+            # one being written; removed, so that this run saves it again)
             log.warning("shared prefix %s is unreadable (%s); computing rounds 1-%d", path, preflight.first_line(err), rounds)
-            self.prefix_bad = True
+            path.unlink(missing_ok=True)
             return None
         self.prefix_from = {"key": key, "rounds": rounds, "saved_by": ck.get("saved_by"), "elapsed_s": ck["elapsed"],
                             "cpu_time_s": ck.get("cpu")}
@@ -220,7 +220,7 @@ class Runner:
         """Save the state after the prefix's last round for the runs that share it; a failed write
         only costs them the time (logged), never this run."""
         rounds, key, path = self.prefix
-        if rnd + 1 != rounds or (path.is_file() and not self.prefix_bad):
+        if rnd + 1 != rounds or path.is_file():
             return
         try:
             path.parent.mkdir(parents=True, exist_ok=True)

@@ -262,9 +262,8 @@ class FedCorr(Method):
         FedCorr and its stage-3 variants (paper Fig. 4) of one federation share them: the runner
         starts stage 3 from the state the first of them saved (``reuse_prefix``). T3 stays in the key
         (the context's ``total_rounds`` counts it)."""
-        lengths = self._lengths(info.num_clients)
-        start3 = lengths[PRE] + lengths[FT]
-        return (start3, {**method_cfg, "stage3": None}) if start3 and lengths[USUAL] else None
+        sched = self._schedule(info.num_clients, info.seed)
+        return (sched["start3"], {**method_cfg, "stage3": None}) if sched["start3"] and sched["lengths"][USUAL] else None
 
     def stage3_rounds(self, info) -> int:
         """Rounds the stage-3 method runs (T3, or 0 without usual training)."""
