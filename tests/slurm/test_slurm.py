@@ -209,6 +209,19 @@ def cluster_record(job: str, lines: int = 30) -> str:
     return f"sacct -D of job {job}:\n{states}\nslurmctld.log:\n{tail}"
 
 
+def task_logs(sweep: Path) -> str:
+    """Every submitit log of a sweep (one per task and run), whole."""
+    return "\n".join(f"{p}:\n{p.read_text(errors='replace')}" for p in sorted((sweep / ".submitit").glob("*/*.out")))
+
+
+def fail(message: str, *logs: str) -> None:
+    """Fail with ``message`` after printing ``logs`` whole: pytest shortens a long assertion message
+    (it cut the launcher's last lines from a failure of the requeue test), and these logs are the
+    only record of why a launcher or a SLURM task ended."""
+    print("\n".join(logs), flush=True)
+    pytest.fail(message)
+
+
 def final_states(job: str, timeout: float = 120) -> list[str]:
     """Every state the job's runs ended in (sacct -D), once the last one has ended: the result file
     that ends the launcher's wait is written just before the task exits."""
@@ -279,7 +292,11 @@ def test_requeued_and_timed_out_cells_resume_to_the_uninterrupted_numbers(tmp_pa
         for p in procs.values():
             p.kill()
     for key, p in procs.items():
-        assert p.returncode == 0, (key, outs[key].read_text()[-3000:], key in jobs and cluster_record(jobs[key]))
+        if p.returncode != 0:
+            logs = [f"--- launcher output of {key}:\n{outs[key].read_text()}"]
+            if key in jobs:
+                logs += [f"--- task logs of {key}:\n{task_logs(tmp_path / key)}", cluster_record(jobs[key])]
+            fail(f"{key}: fedlnl-run exited with {p.returncode} (its whole output above)", *logs)
 
     reference = tmp_path / "straight" / name
     lines = []
