@@ -95,10 +95,10 @@ def test_a_prefix_of_another_config_or_identity_is_never_loaded(tmp_path, caplog
 
 
 def test_a_prefix_of_another_code_version_is_never_loaded(tmp_path, monkeypatch):
-    from fedlnl.benchmark import runner as runmod
+    from fedlnl.benchmark import rundir, runner as runmod
 
     runmod.run(tiny("fedcorr"), tmp_path / "fedcorr", "fedcorr")
-    monkeypatch.setattr(runmod, "code_hash", lambda: "another version")
+    monkeypatch.setattr(rundir, "code_hash", lambda: "another version")
     s = runmod.run(tiny("fedcorr_median"), tmp_path / "median", "fedcorr_median")
     assert s["prefix"] is None and len(prefixes(tmp_path)) == 2
 

@@ -389,6 +389,37 @@ def test_dry_run_lists_the_cells_and_what_is_left_without_running_anything(tmp_p
     assert "time left: ~" in out and sorted(p.name for p in sweep.iterdir()) == before
 
 
+def test_the_time_left_counts_a_shared_prefix_once(tmp_path):
+    """Seconds per local step x the steps to run, where a cell whose shared prefix is saved (a file)
+    or is saved by an earlier cell of the sweep (the same key) runs only the rounds after it."""
+    from fedlnl.benchmark.plan import Plan
+    from fedlnl.benchmark.sweeper import Cell, time_left
+
+    (tmp_path / "saved.pt").write_bytes(b"")
+    plan = Plan(4, local_steps=30, round_steps=[10, 10, 5, 5])
+    todo = [(Cell([], method_name="m", prefix=(2, "k", tmp_path / "absent.pt")), plan),  # computes it: 30
+            (Cell([], method_name="m", prefix=(2, "k", tmp_path / "absent.pt")), plan),  # after it: 10
+            (Cell([], method_name="m", prefix=(3, "j", tmp_path / "saved.pt")), plan),   # after 3 rounds: 5
+            (Cell([], method_name="m"), plan),                                           # no prefix: 30
+            (Cell([], method_name="x", prefix=(2, "k", tmp_path / "absent.pt")), plan)]  # no speed
+    assert time_left(todo, {"m": [1.0, 3.0]}) == (2.0 * (30 + 10 + 5 + 30), 1, 3)
+
+
+def test_a_plan_finds_the_shared_prefix_a_run_saved(tmp_path):
+    """The plan's prefix keys are the runner's: after FedCorr + Median saved stages 1-2, FedCorr of the
+    same seed starts after them (the file), and Median of seed 1 after FedCorr of seed 1 (earlier in
+    the sweep)."""
+    sweep = tmp_path / "sweep"
+    code, _, err = cli(["-m", "method=fedcorr_median", "seed=0", *TINY, f"hydra.sweep.dir={sweep}"], tmp_path)
+    assert code == 0, err[-2000:]
+    assert len(list((sweep / ".prefixes").iterdir())) == 1
+    code, out, err = cli(["-m", "method=fedcorr,fedcorr_median", "seed=0,1", *TINY, f"hydra.sweep.dir={sweep}",
+                          "dry_run=true"], tmp_path)
+    assert code == 0, err[-2000:]
+    assert "4 cells, 1 complete, 3 to run" in out
+    assert "; 2 cells start after a shared prefix, its rounds counted once; 2 cells of methods without" in out
+
+
 def test_dry_run_of_a_single_run_prints_its_plan_and_trains_nothing(tmp_path):
     code, out, err = cli(["method=fedcorr", *TINY, "dry_run=true"], tmp_path)
     assert code == 0, err[-2000:]

@@ -27,6 +27,8 @@ class Plan:
     exact: dict = field(default_factory=lambda: {"participations": True, "local_steps": True, "bytes_up": True})
     #: why a figure is a bound (one short reason per cause)
     bounds: list = field(default_factory=list)
+    #: local steps of each round (``local_steps`` is their sum): what a shared prefix's rounds cost
+    round_steps: list = field(default_factory=list)
 
     def figure(self, key: str) -> str:
         """``12,000`` or ``≤12,000``."""
@@ -76,6 +78,7 @@ def plan_run(method, info: FederationInfo, model: torch.nn.Module, total: int, s
             _bound(plan, ("local_steps",), f"{name} trains on samples that training selects "
                    f"(from round {rnd + 1})")
         plan.local_steps += steps
+        plan.round_steps.append(steps)
         plan.bytes_up += sent
     return plan
 

@@ -38,6 +38,34 @@ def code_hash() -> str:
     return h.hexdigest()
 
 
+#: beside the run directories (in their parent: a sweep's directory, or results/runs), the states
+#: at the end of a shared prefix (``shared_prefix``), one file per key
+PREFIX_DIR = ".prefixes"
+
+
+def shared_prefix(method, info, resolved: dict, federation_hash: str, identity: dict,
+                  run_dir: Path) -> tuple[int, str, Path] | None:
+    """(rounds, key, file) of a run's shared prefix, or None.
+
+    A method whose first rounds do not depend on some of its keys declares it with
+    ``shared_prefix(info, method_cfg) -> (rounds, method_cfg with those keys neutralised)``:
+    FedCorr's stages 1-2 are the same whatever method runs stage 3. Runs whose key is equal (the
+    config hash with that method config, the federation's content hash (the data files may change
+    under one config), the code's hash, the device identity) compute identical first ``rounds``
+    rounds, so the first of them to get there saves its state and the others start from it
+    (``reuse_prefix``; FedCorr and its stage-3 variants in one sweep). The runner saves and loads
+    the file; a sweep's plan counts those rounds once (``sweeper.print_plan``)."""
+    hook = getattr(method, "shared_prefix", None)
+    point = hook(info, resolved["method"]) if hook else None
+    if point is None:
+        return None
+    rounds, method_cfg = point
+    key = hashlib.blake2b(json.dumps({"config": config_hash({**resolved, "method": method_cfg}), "rounds": rounds,
+                                      "federation": federation_hash, "code": code_hash(), "identity": identity},
+                                     sort_keys=True, default=str).encode(), digest_size=8).hexdigest()
+    return rounds, key, Path(run_dir).parent / PREFIX_DIR / f"{key}.pt"
+
+
 def read_summary(run_dir: Path) -> dict | None:
     try:
         summary = json.loads((Path(run_dir) / "summary.json").read_text())

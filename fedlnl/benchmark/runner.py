@@ -31,7 +31,7 @@ from fedlnl.benchmark import compose, device, preflight
 from fedlnl.benchmark.lock import CellLock, LockError
 from fedlnl.benchmark.metrics import accuracy_summary, cost_to_target
 from fedlnl.benchmark.oracle import OracleScorer
-from fedlnl.benchmark.rundir import check_identity, check_run_dir, code_hash, completed, config_hash
+from fedlnl.benchmark.rundir import check_identity, check_run_dir, completed, config_hash, shared_prefix
 from fedlnl.benchmark.setting import setting_of
 from fedlnl.benchmark.sinks import JsonlSink, Sinks, WandbSink, write_json_atomic
 from fedlnl.benchmark.stop import StopRequest, refuse_after_signal
@@ -42,11 +42,6 @@ from fedlnl.models.layers import random_source
 from fedlnl.methods.common.protocol import ALL_CLIENTS, ClientView, RoundContext
 
 log = logging.getLogger("fedlnl")
-
-#: beside the run directories (in their parent: a sweep's directory, or results/runs), the states
-#: at the end of a shared prefix (``Runner.prefix``), one file per key
-PREFIX_DIR = ".prefixes"
-
 
 def git_commit() -> str | None:
     try:
@@ -174,25 +169,10 @@ class Runner:
 
     # ------------------------------------------------------------------ shared prefixes
     def _prefix(self) -> tuple[int, str, Path] | None:
-        """(rounds, key, file) of this run's shared prefix, or None.
-
-        A method whose first rounds do not depend on some of its keys declares it with
-        ``shared_prefix(info, method_cfg) -> (rounds, method_cfg with those keys neutralised)``:
-        FedCorr's stages 1-2 are the same whatever method runs stage 3. Runs whose key is equal (the
-        config hash with that method config, the federation's content hash (the data files may change
-        under one config), the code's hash, the device identity) compute identical
-        first ``rounds`` rounds, so the first of them to get there saves its state and the others
-        start from it (``reuse_prefix``; FedCorr and its stage-3 variants in one sweep)."""
-        hook = getattr(self.method, "shared_prefix", None)
-        point = hook(self.info, self.resolved["method"]) if hook and self.cfg.get("reuse_prefix", True) else None
-        if point is None:
+        """(rounds, key, file) of this run's shared prefix (``rundir.shared_prefix``), or None."""
+        if not self.cfg.get("reuse_prefix", True):
             return None
-        rounds, method_cfg = point
-        key = hashlib.blake2b(json.dumps({"config": config_hash({**self.resolved, "method": method_cfg}), "rounds": rounds,
-                                          "federation": self.fed.hash, "code": code_hash(), "identity": self.identity},
-                                         sort_keys=True,
-                                         default=str).encode(), digest_size=8).hexdigest()
-        return rounds, key, self.run_dir.parent / PREFIX_DIR / f"{key}.pt"
+        return shared_prefix(self.method, self.info, self.resolved, self.fed.hash, self.identity, self.run_dir)
 
     def load_prefix(self):
         """The state after the shared prefix, saved by another run of the same key; None when there

@@ -13,7 +13,8 @@ per distinct setting.
 ``dry_run=true`` plans the sweep instead of running it (``fedlnl.benchmark.plan``): every cell with
 its directory, whether it is already complete, its rounds, client participations, local steps and
 uploaded bytes (exact, or an upper bound marked ``≤`` where training decides), and an estimate of
-the time left from the seconds per local step its method took in the complete cells of this sweep.
+the time left from the seconds per local step its method took in the complete cells of this sweep
+(the rounds of a shared prefix, ``rundir.shared_prefix``, counted once).
 
 After the cells ran, a cell that another process is training (its lock is alive) is named, so a
 sweep that leaves cells to someone else says so.
@@ -33,7 +34,8 @@ from omegaconf import OmegaConf, open_dict
 
 from fedlnl.benchmark import compose, device, plan, preflight
 from fedlnl.benchmark.lock import CellLock
-from fedlnl.benchmark.rundir import check_identity, check_run_dir, check_writable, completed, config_hash
+from fedlnl.benchmark.rundir import (check_identity, check_run_dir, check_writable, completed, config_hash,
+                                     shared_prefix)
 from fedlnl.benchmark.validate import ConfigError
 
 
@@ -47,6 +49,7 @@ class Cell:
     built: tuple | None = None  # (method, FederationInfo, model, total rounds, seed): for the plan
     done: dict | None = None  # its final summary, when complete
     no_data: str | None = None  # why its data cannot be loaded here (a plan or a SLURM sweep goes on)
+    prefix: tuple | None = None  # (rounds, key, file) of its shared prefix (rundir.shared_prefix), on this machine
 
 
 class ValidatingSweeper(BasicSweeper):  # registered as hydra_plugins.fedlnl_sweeper.ValidatingSweeper
@@ -169,6 +172,9 @@ class ValidatingSweeper(BasicSweeper):  # registered as hydra_plugins.fedlnl_swe
             cell.no_data = str(err)
             return cell
         cell.built = (method, built.info, built.model, built.total, int(job.seed))
+        if not remote and job.get("reuse_prefix", True):
+            cell.prefix = shared_prefix(method, built.info, resolved, built.fed.hash, device.run_identity(job),
+                                        cell.run_dir)
         return cell
 
 
@@ -223,15 +229,32 @@ def print_plan(cells: list[Cell]) -> None:
         print(f"  no plan: the data is not available here ({reason}); the plan counts on the real federation")
     for name, reason in sorted(bounds.items()):
         print(f"  ≤ {name}: {reason}")
-    seconds, unknown = 0.0, 0
-    for c, p in todo:
-        if c.method_name in speed:
-            seconds += p.local_steps * sum(speed[c.method_name]) / len(speed[c.method_name])
-        else:
-            unknown += 1
+    seconds, unknown, reused = time_left(todo, speed)
     estimate = f"~{seconds / 3600:.2f} h on this device" if seconds else "no estimate"
     print(f"time left: {estimate} from the seconds per local step of complete cells of the same method"
+          + (f"; {reused} cells start after a shared prefix, its rounds counted once" if reused else "")
           + (f"; {unknown} cells of methods without a complete cell yet" if unknown else ""))
+
+
+def time_left(todo: list, speed: dict) -> tuple[float, int, int]:
+    """(seconds, cells without a speed, cells that start after a shared prefix) for the cells to run,
+    in sweep order, from ``speed`` (seconds per local step of each method's complete cells). A cell
+    whose shared prefix is saved already, or will be by an earlier cell of the sweep, runs only the
+    rounds after it. (Two jobs that reach the prefix at once both compute it: a lower bound then.)"""
+    seconds, unknown, reused, shared = 0.0, 0, 0, set()
+    for c, p in todo:
+        steps = p.local_steps
+        if c.prefix is not None:
+            rounds, key, path = c.prefix
+            if key in shared or path.is_file():
+                steps -= sum(p.round_steps[:rounds])
+                reused += 1
+            shared.add(key)
+        if c.method_name in speed:
+            seconds += steps * sum(speed[c.method_name]) / len(speed[c.method_name])
+        else:
+            unknown += 1
+    return seconds, unknown, reused
 
 
 def report_elsewhere(cells: list[Cell]) -> None:
