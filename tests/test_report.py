@@ -393,6 +393,32 @@ def test_detection_noise_and_comm_latex_outputs(sweep: Path):
     assert tex.count("\\begin{tabular}") == 3 and "% Total communication cost" in tex  # total + 2 targets
 
 
+def test_compute_table_and_the_sweeps_cpu_hours_count_a_shared_prefix_once(sweep: Path):
+    """Per cell the mean ± std (ddof=0) of CPU and wall minutes over seeds; the sweep's CPU hours sum
+    the complete runs and subtract what a run inherited from a shared prefix (its saver counted it)."""
+    for path in sorted(sweep.rglob("summary.json")):
+        try:
+            s = json.loads(path.read_text())
+        except ValueError:
+            continue
+        if s["status"] == "complete":
+            s["cpu_time_s"], s["wall_time_s"] = 60.0 * (1 + 2 * s["seed"]), 90.0  # 1 or 3 minutes
+            if s["method"] == "fedcorr" and s["setting"]["rho"] == 0.6 and s["seed"] == 1:
+                s["prefix"] = {"cpu_time_s": 30.0, "rounds": 5}
+            path.write_text(json.dumps(s))
+    report.main([str(sweep), "--figures", "none"])
+    out = sweep / "report"
+    compute = pd.read_csv(out / "compute.csv")
+    cpu = compute[(compute["method"] == "fedavg") & (compute["column"] == "(0.4,0)") & (compute["score"] == "CPU min")]
+    assert (cpu["n"].item(), cpu["mean"].item(), cpu["std"].item()) == (2, pytest.approx(2.0), pytest.approx(1.0))
+    assert set(compute["score"]) == {"CPU min", "wall min"}  # no local_steps in these summaries: no row
+    text = (out / "compute.md").read_text()
+    # 8 complete runs: 4 x (60 + 180) s, less the 30 s one run inherited = 930 s
+    assert "The 8 complete runs that record CPU time took 0.26 CPU hours in all" in text
+    assert "2.0 ± 1.0 (n=2)" in text and "1.5 ± 0.0 (n=2)" in text
+    assert tables.sweep_cpu_hours(report.load_summaries(sweep)) == (pytest.approx(930 / 3600), 8)
+
+
 def test_report_imports_neither_the_runner_nor_torch_and_ships_the_paper_numbers():
     import subprocess
     import sys

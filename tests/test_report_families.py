@@ -97,7 +97,9 @@ def test_tables_are_grouped_and_the_best_is_over_all_rows(family_sweep: Path, ca
     assert len(ranks) == len(ORDER) and ranks["mean_rank"].iloc[0] == 1.0 and "family" in ranks
     assert md_order((out / "stats.md").read_text().split("## Win / tie / loss")[1])[1] == ORDER
     page = (out / "report.html").read_text()
-    grouped = 1 + 3 + 1 + 1  # accuracy, comm (total and two targets), detection, win/tie/loss
+    compute = (out / "compute.md").read_text()  # wall minutes: every summary records wall_time_s
+    assert md_order(compute) == (HEADINGS, ORDER) and pd.read_csv(out / "compute.csv").columns[1] == "family"
+    grouped = 1 + 3 + 1 + 1 + 1  # accuracy, comm (total and two targets), detection, compute, win/tie/loss
     assert page.count('<tr class="family">') == grouped * len(HEADINGS)
     accuracy = page.split('data-name="accuracy"')[1].split("</table>")[0]
     assert [h.split("</th>")[0].split(">")[-1] for h in accuracy.split('<tr class="family">')[1:]] == HEADINGS

@@ -22,8 +22,8 @@ from fedlnl.benchmark.report.reference import (add_missing_cells, drop_empty_col
                                                missing_cells, missing_summary, reference_note, reference_paths,
                                                run_identity)
 from fedlnl.benchmark.report.tables import (accuracy_grid, accuracy_table, column_values, comm_latex,
-                                            comm_markdown, comm_sections, comm_table, detection_grid,
-                                            detection_table, effective_diffs, effective_warnings, incomplete_runs,
+                                            comm_markdown, comm_sections, comm_table, compute_table,
+                                            detection_table, effective_diffs, score_grid, sweep_cpu_hours, effective_warnings, incomplete_runs,
                                             missing_seeds, noise_markdown, noise_table, stats_caption, to_latex,
                                             to_markdown, with_family)
 
@@ -104,6 +104,8 @@ class Report:
     comm: list = field(default_factory=list)
     comm_note: str = ""
     detection: pd.DataFrame | None = None
+    compute: pd.DataFrame | None = None
+    compute_note: str = ""
     noise: pd.DataFrame | None = None
     commands: dict = field(default_factory=dict)
     families: dict | None = None  # {row: method family} when the rows are grouped by family
@@ -369,16 +371,32 @@ def _write_tables(rep: Report, frame: pd.DataFrame, out: Path, rows: str, by: Se
     rep.comm, rep.comm_note = comm_sections(comm, rows, ratio_to)
     table = detection_table(frame, rows, by)
     if not table.empty:
-        with_family(table, rows, rep.families).to_csv(out / "detection.csv", index=False)
-        rep.detection = detection_grid(table, rows)
+        with_family(table.drop(columns="digits"), rows, rep.families).to_csv(out / "detection.csv", index=False)
+        rep.detection = score_grid(table, rows)
         about = "Noise detection: mean ± std (ddof=0) over seeds of each run's final scores"
         (out / "detection.md").write_text(f"{about}.\n\n{to_markdown(rep.detection, families=rep.families)}")
         (out / "detection.tex").write_text(to_latex(rep.detection, comment=about, families=rep.families))
+    table = compute_table(frame, rows, by)
+    if not table.empty:
+        with_family(table.drop(columns="digits"), rows, rep.families).to_csv(out / "compute.csv", index=False)
+        rep.compute = score_grid(table, rows)
+        rep.compute_note = compute_note(sweep_cpu_hours(frame))
+        (out / "compute.md").write_text(f"{rep.compute_note}\n\n{to_markdown(rep.compute, families=rep.families)}")
     noise = noise_table(frame, rows, by)
     if len(noise):
         rep.noise = noise
         noise.to_csv(out / "noise.csv", index=False)
         (out / "noise.md").write_text(noise_markdown(noise))
+
+
+def compute_note(total: tuple[float, int] | None) -> str:
+    text = ("Compute per run: the process's CPU minutes and the wall minutes in the training loop (a run "
+            "resumed or started from a shared prefix includes the earlier process's: the method's cost), "
+            "and its optimiser steps; mean ± std (ddof=0) over seeds.")
+    if total is not None:
+        text += (f" The {total[1]} complete runs that record CPU time took {total[0]:.2f} CPU hours in all, "
+                 "each shared prefix counted once.")
+    return text
 
 
 # ---------------------------------------------------------------- command line

@@ -92,6 +92,9 @@ def write_html(rep, out: Path) -> Path:
         parts.append("<h2>Noise detection</h2>" + grid_html(
             rep.detection, "detection", caption="mean ± std (ddof=0) over seeds of each run's final scores",
             families=rep.families))
+    if rep.compute is not None:
+        parts.append("<h2>Compute</h2>" + grid_html(rep.compute, "compute", caption=rep.compute_note,
+                                                    families=rep.families))
     if rep.noise is not None:
         parts.append("<h2>Requested vs realised noise</h2>" + frame_html(rep.noise, "noise"))
     parts.append(_figures_html(out))

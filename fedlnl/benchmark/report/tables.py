@@ -439,26 +439,57 @@ DETECTION = (("detection.client_precision", "client P"), ("detection.client_reca
              ("detection.relabel_acc", "relabel acc"), ("detection.noise_after_correction", "noise after"))
 
 
+#: (summary key, label, scale, digits) of the compute table: the process's CPU minutes and the wall
+#: minutes of a run (a shared prefix's included: the method's cost), and its optimiser steps
+COMPUTE = (("cpu_time_s", "CPU min", 1 / 60, 1), ("wall_time_s", "wall min", 1 / 60, 1),
+           ("local_steps", "local steps", 1, 0))
+
+
 def detection_table(frame: pd.DataFrame, rows: str = "method", by: Sequence[str] = ()) -> pd.DataFrame:
     """Long form: per cell and detection score (noisy-client precision/recall/F1, μ̂ MAE, relabel
     accuracy, label noise after correction, from each summary's ``detection``), mean ± std (ddof=0)
     over the complete seeds that report it; rows without any score are left out."""
+    return score_table(frame, rows, by, [(name, label, 1, 3) for name, label in DETECTION])
+
+
+def compute_table(frame: pd.DataFrame, rows: str = "method", by: Sequence[str] = ()) -> pd.DataFrame:
+    """Long form: per cell, CPU minutes, wall minutes and local steps (``COMPUTE``), mean ± std
+    (ddof=0) over the complete seeds that record them (runs before ``cpu_time_s`` existed: wall and
+    steps only)."""
+    return score_table(frame, rows, by, COMPUTE)
+
+
+def score_table(frame: pd.DataFrame, rows: str, by: Sequence[str], scores) -> pd.DataFrame:
+    """Long form: per cell and score ``(summary key, label, scale, digits)``, mean ± std (ddof=0) of
+    the scaled values over the complete seeds that report it; cells without the score are left out."""
     runs, columns, keys = with_columns(frame, rows, by)
     lines = []
     for row, column, key_values, cell in each_cell(runs, rows, columns, keys):
         done = complete_runs(cell)
-        for name, label in DETECTION:
-            values = np.array([float(v) for v in done.get(name, []) if canon(v) is not None])
+        for name, label, scale, digits in scores:
+            values = np.array([float(v) * scale for v in done.get(name, []) if canon(v) is not None])
             if len(values):
-                lines.append({rows: row, "column": column, **key_values, "score": label,
-                              "mean": values.mean(), "std": values.std(ddof=0), "n": len(values)})
-    return pd.DataFrame(lines, columns=[rows, "column", *keys, "score", "mean", "std", "n"])
+                lines.append({rows: row, "column": column, **key_values, "score": label, "mean": values.mean(),
+                              "std": values.std(ddof=0), "n": len(values), "digits": digits})
+    return pd.DataFrame(lines, columns=[rows, "column", *keys, "score", "mean", "std", "n", "digits"])
 
 
-def detection_grid(table: pd.DataFrame, rows: str) -> pd.DataFrame:
-    """Cell texts, rows x "column: score"."""
+def sweep_cpu_hours(frame: pd.DataFrame) -> tuple[float, int] | None:
+    """(CPU hours, runs) of the complete runs that record ``cpu_time_s``, a shared prefix counted once
+    (a run started from one inherits its saver's CPU seconds, ``prefix.cpu_time_s``); None if none."""
+    done = complete_runs(frame)
+    if "cpu_time_s" not in done:
+        return None
+    cpu = [float(v) for v in done["cpu_time_s"] if canon(v) is not None]
+    inherited = [float(v) for v in done.get("prefix.cpu_time_s", []) if canon(v) is not None]
+    return ((sum(cpu) - sum(inherited)) / 3600, len(cpu)) if cpu else None
+
+
+def score_grid(table: pd.DataFrame, rows: str) -> pd.DataFrame:
+    """Cell texts of a ``score_table``, rows x "column: score"."""
     table = table.assign(label=[f"{c}: {s}" for c, s in tuples(table, "column", "score")],
-                         text=[f"{m:.3f} ± {s:.3f} (n={n})" for m, s, n in tuples(table, "mean", "std", "n")])
+                         text=[f"{m:,.{d}f} ± {s:,.{d}f} (n={n})"
+                               for m, s, n, d in tuples(table, "mean", "std", "n", "digits")])
     grid = table.pivot(index=table.columns[0], columns="label", values="text")
     order = list(dict.fromkeys(table["label"]))
     return grid.reindex(index=list(dict.fromkeys(table[rows])), columns=order).fillna("")
