@@ -405,7 +405,9 @@ def test_compute_table_and_the_sweeps_cpu_hours_count_a_shared_prefix_once(sweep
             s["cpu_time_s"], s["wall_time_s"] = 60.0 * (1 + 2 * s["seed"]), 90.0  # 1 or 3 minutes
             if s["method"] == "fedcorr" and s["setting"]["rho"] == 0.6 and s["seed"] == 1:
                 s["prefix"] = {"cpu_time_s": 30.0, "rounds": 5}
-            path.write_text(json.dumps(s))
+        else:  # the failed run: diverged after 120 s (not in the table's means, in the sweep's hours)
+            s["status"], s["cpu_time_s"] = "diverged", 120.0
+        path.write_text(json.dumps(s))
     report.main([str(sweep), "--figures", "none"])
     out = sweep / "report"
     compute = pd.read_csv(out / "compute.csv")
@@ -413,10 +415,10 @@ def test_compute_table_and_the_sweeps_cpu_hours_count_a_shared_prefix_once(sweep
     assert (cpu["n"].item(), cpu["mean"].item(), cpu["std"].item()) == (2, pytest.approx(2.0), pytest.approx(1.0))
     assert set(compute["score"]) == {"CPU min", "wall min"}  # no local_steps in these summaries: no row
     text = (out / "compute.md").read_text()
-    # 8 complete runs: 4 x (60 + 180) s, less the 30 s one run inherited = 930 s
-    assert "The 8 complete runs that record CPU time took 0.26 CPU hours in all" in text
+    # 8 complete runs: 4 x (60 + 180) s, less the 30 s one run inherited, and the diverged one's 120 s
+    assert "The 9 finished runs (complete or diverged) that record CPU time took 0.29 CPU hours in all" in text
     assert "2.0 ± 1.0 (n=2)" in text and "1.5 ± 0.0 (n=2)" in text
-    assert tables.sweep_cpu_hours(report.load_summaries(sweep)) == (pytest.approx(930 / 3600), 8)
+    assert tables.sweep_cpu_hours(report.load_summaries(sweep)) == (pytest.approx(1050 / 3600), 9)
 
 
 def test_report_imports_neither_the_runner_nor_torch_and_ships_the_paper_numbers():

@@ -394,8 +394,8 @@ def compute_note(total: tuple[float, int] | None) -> str:
             "resumed or started from a shared prefix includes the earlier process's: the method's cost), "
             "and its optimiser steps; mean ± std (ddof=0) over seeds.")
     if total is not None:
-        text += (f" The {total[1]} complete runs that record CPU time took {total[0]:.2f} CPU hours in all, "
-                 "each shared prefix counted once.")
+        text += (f" The {total[1]} finished runs (complete or diverged) that record CPU time took {total[0]:.2f} "
+                 "CPU hours in all, each shared prefix counted once.")
     return text
 
 

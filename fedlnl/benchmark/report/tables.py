@@ -475,9 +475,10 @@ def score_table(frame: pd.DataFrame, rows: str, by: Sequence[str], scores) -> pd
 
 
 def sweep_cpu_hours(frame: pd.DataFrame) -> tuple[float, int] | None:
-    """(CPU hours, runs) of the complete runs that record ``cpu_time_s``, a shared prefix counted once
-    (a run started from one inherits its saver's CPU seconds, ``prefix.cpu_time_s``); None if none."""
-    done = complete_runs(frame)
+    """(CPU hours, runs) of the finished runs (complete or diverged: both spent it) that record
+    ``cpu_time_s``, a shared prefix counted once (a run started from one inherits its saver's CPU
+    seconds, ``prefix.cpu_time_s``); None if none."""
+    done = frame[frame["status"].isin(["complete", "diverged"])]
     if "cpu_time_s" not in done:
         return None
     cpu = [float(v) for v in done["cpu_time_s"] if canon(v) is not None]
