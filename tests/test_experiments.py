@@ -41,16 +41,21 @@ def test_every_federated_method_of_an_experiment_gets_the_same_participation_bud
 
 
 def test_reproduce_small_pins_the_small_schedule_column():
-    """``table_key: small`` reaches every multi-stage schedule: FedCorr 5 + 16 + 14, FedDiv 5
-    warm-up iterations + 30 rounds, JointOpt / DivideMix 16 + 64 rounds of 5 local epochs."""
+    """``table_key: small`` reaches every multi-stage schedule: FedCorr 5 + 11 + 9, FedDiv 5
+    warm-up iterations + 20 rounds, JointOpt / DivideMix 14 + 56 rounds of 5 local epochs; the
+    centralised references train 35 epochs (700 participations x 500 samples x 5 epochs / 50,000)."""
     def method(m):
         return compose_cfg(["experiment=reproduce_small", f"method={m}"]).method
 
-    assert (method("fedcorr").T1, method("fedcorr").T2, method("fedcorr").T3) == (5, 16, 14)
+    assert (method("fedcorr").T1, method("fedcorr").T2, method("fedcorr").T3) == (5, 11, 9)
     assert method("feddiv").warmup_iterations == 5 and method("feddiv").training_rounds is None
     for m in ("jointopt", "dividemix"):
-        assert (method(m).warmup_rounds, method(m).train_rounds, method(m).train_local_epochs) == (16, 64, 5)
+        assert (method(m).warmup_rounds, method(m).train_rounds, method(m).train_local_epochs) == (14, 56, 5)
     cfg = compose_cfg(["experiment=reproduce_small"])
+    # IID clients hold 1/num_clients of the images: the cohort's local epochs per round, in epochs of all
+    passes = cfg.fl.rounds * cohort_size(cfg.fl.frac, cfg.fl.num_clients) * cfg.fl.local_epochs / cfg.fl.num_clients
+    jointopt, dividemix = method("jointopt_central"), method("dividemix_central")
+    assert jointopt.epochs + jointopt.second_epochs == dividemix.epochs == passes == 35
     assert (cfg.dataset.name, cfg.model._target_.rsplit(".", 1)[1], cfg.fl.num_clients) == ("cifar10_jpeg", "LeNet", 100)
 
 
