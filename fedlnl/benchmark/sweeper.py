@@ -158,10 +158,11 @@ class ValidatingSweeper(BasicSweeper):  # registered as hydra_plugins.fedlnl_swe
                     hash=config_hash(resolved), method_name=_method_label(cfg))
         check_run_dir(cell.run_dir, cell.hash, resolved, key="hydra.sweep.dir")
         remote = "slurm" in str(self.config.hydra.launcher.get("_target_", "")).lower()
+        identity = None if remote else device.run_identity(job)
         if not remote:  # a SLURM task runs on another machine: it clamps threads to its allocation
             device.check_threads(job)
             # and may have another device: its task compares the identity (runner.run)
-            check_identity(cell.run_dir, cell.hash, device.run_identity(job))
+            check_identity(cell.run_dir, cell.hash, identity)
         cell.done = completed(cell.run_dir, cell.hash) if job.get("skip_complete", True) else None
         model_label = str(cfg.hydra.runtime.choices.get("model", "model"))
         try:
@@ -172,9 +173,8 @@ class ValidatingSweeper(BasicSweeper):  # registered as hydra_plugins.fedlnl_swe
             cell.no_data = str(err)
             return cell
         cell.built = (method, built.info, built.model, built.total, int(job.seed))
-        if not remote and job.get("reuse_prefix", True):
-            cell.prefix = shared_prefix(method, built.info, resolved, built.fed.hash, device.run_identity(job),
-                                        cell.run_dir)
+        if identity is not None and job.get("reuse_prefix", True):
+            cell.prefix = shared_prefix(method, built.info, resolved, built.fed.hash, identity, cell.run_dir)
         return cell
 
 

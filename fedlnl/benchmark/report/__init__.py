@@ -93,9 +93,9 @@ Outputs in DIR/report: report.html (self-contained: every table and figure, stat
 the commands that made the runs), accuracy.{md,csv,tex} (``--metric`` and, beside it in every
 column, ``--beside``), stats.{md,json}, ranks.csv, wtl.csv, agreement.csv (presets), notes.md,
 comm.{md,csv,tex}, detection.{md,csv,tex} (noisy-client P/R/F1, μ̂ MAE, relabel accuracy, noise
-after correction: mean ± std over seeds), compute.{md,csv} (CPU minutes, wall minutes and local steps per
-run: mean ± std over seeds; the sweep's CPU hours with each shared prefix counted once), noise.{md,csv} (requested vs realised noise per column and
-seed), acc_vs_cost.png (mean accuracy over seeds vs communication cost, one panel per column titled
+after correction: mean ± std over seeds), compute.{md,csv} (CPU minutes, wall minutes and local
+steps per run: mean ± std over seeds; the sweep's CPU hours with each shared prefix counted once),
+noise.{md,csv} (requested vs realised noise per column and seed), acc_vs_cost.png (mean accuracy over seeds vs communication cost, one panel per column titled
 with its axes, e.g. "ρ=0.6, τ=0.5"; rows named ``*_central`` or without communication as horizontal
 lines; with more than 8 curves and recorded families, one row of panels per family, at most 7
 curves a panel (a larger family is cut into parts), fedavg dashed in every panel), cd_diagram.png

@@ -23,9 +23,9 @@ from fedlnl.benchmark.report.reference import (add_missing_cells, drop_empty_col
                                                run_identity)
 from fedlnl.benchmark.report.tables import (accuracy_grid, accuracy_table, column_values, comm_latex,
                                             comm_markdown, comm_sections, comm_table, compute_table,
-                                            detection_table, effective_diffs, score_grid, sweep_cpu_hours, effective_warnings, incomplete_runs,
-                                            missing_seeds, noise_markdown, noise_table, stats_caption, to_latex,
-                                            to_markdown, with_family)
+                                            detection_table, effective_diffs, effective_warnings, incomplete_runs,
+                                            missing_seeds, noise_markdown, noise_table, score_grid, stats_caption,
+                                            sweep_cpu_hours, to_latex, to_markdown, with_family)
 
 log = logging.getLogger(__name__)
 BEST, FINAL, LAST = summary_metrics("acc")
