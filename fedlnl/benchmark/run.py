@@ -6,6 +6,7 @@ and ``runner.run`` trains it. A refused run leaves nothing behind that this proc
 """
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import shutil
@@ -78,8 +79,25 @@ def method_label(hc) -> str:
     return method
 
 
+def quiet_log_file_errors() -> None:
+    """A log file that cannot be written any more (a full disk) is one warning line on stderr, not
+    logging's traceback for every message after it."""
+    def failed(handler, record) -> None:
+        if not getattr(handler, "fedlnl_failed", False):
+            handler.fedlnl_failed = True
+            err = sys.exc_info()[1]
+            print(f"fedlnl-run: warning: cannot write the log file {handler.baseFilename} "
+                  f"({type(err).__name__}: {preflight.first_line(err) if err else '?'}); logging to the console only",
+                  file=sys.stderr)
+
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, logging.FileHandler):
+            handler.handleError = functools.partial(failed, handler)
+
+
 @hydra.main(version_base=None, config_path="../conf", config_name="config")
 def _hydra_main(cfg: DictConfig) -> float | None:
+    quiet_log_file_errors()
     hc = HydraConfig.get()
     group = Path(hc.sweep.dir).name if hc.mode.name == "MULTIRUN" else "single"
     out = Path(hc.runtime.output_dir)
@@ -228,6 +246,7 @@ def main() -> None:
 
 
 def _main() -> None:
+    _BEFORE.clear()
     if "--help" in sys.argv[1:] or "-h" in sys.argv[1:]:
         print(presets_help())
     argv = sys.argv[1:]

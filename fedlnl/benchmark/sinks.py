@@ -88,6 +88,7 @@ class WandbSink:
     reachable W&B server falls back to offline within ``PROBE_S`` seconds, with one warning line."""
 
     PROBE_S = 3.0
+    INIT_TIMEOUT_S = 30  # how long an online start may take (a server that answers the probe, then hangs)
 
     def __init__(self, cfg: dict, run_dir: Path, name: str, group: str, tags: list[str],
                  mode: str, project: str, entity: str | None, run_id: str, history: list[dict] = ()):
@@ -106,7 +107,8 @@ class WandbSink:
         kwargs = dict(project=project, entity=entity, group=group, name=name, tags=tags, config=cfg,
                       dir=str(run_dir), reinit="finish_previous", id=run_id, resume="allow")
         try:
-            self.run = wandb.init(mode=mode, settings=wandb.Settings(silent=True, console="off", init_timeout=30),
+            self.run = wandb.init(mode=mode, settings=wandb.Settings(silent=True, console="off",
+                                                                     init_timeout=self.INIT_TIMEOUT_S),
                                   **kwargs)
         except Exception as err:  # noqa: BLE001  (the server refused or timed out: keep the run going)
             if mode != "online":
