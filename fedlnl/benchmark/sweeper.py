@@ -315,24 +315,22 @@ def local_launch(launcher):
     if kind is None:
         yield False
         return
-    if kind == "basic":
-        from hydra._internal.core_plugins import basic_launcher as module
-
-        replacements = {"run_job": guarded_run_job}
+    if kind == "basic":  # the namespace its launch reads run_job from
+        namespace, replacements = type(launcher).launch.__globals__, {"run_job": guarded_run_job}
     else:  # joblib: its job function is pickled by name, so the workers run ``execute_cell``; a
         # sequential joblib run (one job) calls it in this process, with run_job replaced here too
-        from hydra_plugins.hydra_joblib_launcher import _core as module
+        from hydra_plugins.hydra_joblib_launcher import _core
 
-        replacements = {"execute_job": execute_cell, "run_job": guarded_run_job}
+        namespace, replacements = _core.launch.__globals__, {"execute_job": execute_cell, "run_job": guarded_run_job}
     for name, replacement in replacements.items():
-        _REPLACED[name] = getattr(module, name)
-        setattr(module, name, replacement)
+        _REPLACED[name] = namespace[name]
+        namespace[name] = replacement
     try:
         with stop.hold():
             yield True
     finally:
         for name in replacements:
-            setattr(module, name, _REPLACED.pop(name))
+            namespace[name] = _REPLACED.pop(name)
 
 
 def execute_cell(*args, **kwargs):
