@@ -725,6 +725,7 @@ def test_a_single_run_whose_directory_another_process_trains_says_so_and_fails(t
     assert code == 1 and errors == [f"fedlnl-run: error: {run_dir} is being trained by another process (pid "
                                     f"{os.getpid()} on {socket.gethostname()}, " + errors[0].split(", ", 1)[1]]
     assert "this run did nothing" in errors[0] and not (run_dir / "metrics.jsonl").exists()
+    assert [p.name for p in run_dir.iterdir()] == [".lock"]  # no .hydra/, no run.log in the holder's directory
 
 
 # ------------------------------------------------------------------------- issue 34: nothing lost, nothing silent

@@ -46,8 +46,8 @@ def remove_made_dirs(run_dir: Path) -> None:
     if not run_dir.is_dir():
         return
     # a single run (its directory may name a later second than the one ``precheck`` saw: ${now:...})
-    single = _BEFORE.get("run_dir") is not None and HydraConfig.initialized() and HydraConfig.get().mode.name != "MULTIRUN"
-    single = single or _BEFORE.get("run_dir") == run_dir
+    multirun = HydraConfig.initialized() and HydraConfig.get().mode.name == "MULTIRUN"
+    single = (_BEFORE.get("run_dir") is not None and not multirun) or _BEFORE.get("run_dir") == run_dir
     before = _BEFORE.get("entries") if _BEFORE.get("run_dir") == run_dir else None
     hydra_only = lambda paths: all(p.name == ".hydra" or p.suffix == ".log" for p in paths)  # noqa: E731
     if before is not None:  # a directory that existed: remove only Hydra's new files
@@ -176,6 +176,11 @@ def precheck(argv: list[str]) -> int | None:
             check_run_dir(run_dir, config_hash(resolved), resolved)
             if identity is not None:
                 check_identity(run_dir, config_hash(resolved), identity)
+            lock = CellLock(run_dir)
+            if not job.get("dry_run") and lock.owner() is not None and lock.stale() is None:
+                print(f"fedlnl-run: error: {run_dir} is being trained by another process ({lock.describe()}); "
+                      "this run did nothing", file=sys.stderr)  # before Hydra writes into the holder's directory
+                return 1
         dry = bool(job.get("dry_run"))
         try:
             cell = preflight.build_cell(job, method, str(cfg.hydra.runtime.choices.get("model", "model")))
@@ -214,7 +219,7 @@ def refusal(argv: list[str]) -> tuple[str, bool] | None:
     try:
         with initialize_config_dir(str(preflight.CONF), version_base=None):
             cfg = hydra_compose("config", overrides=overrides, return_hydra_config=True)
-    except Exception as err:  # noqa: BLE001  (Hydra's own --cfg reports composition errors)
+    except Exception:  # noqa: BLE001  (Hydra's own --cfg reports composition errors)
         return None
     HydraConfig.instance().set_config(cfg)
     try:

@@ -102,7 +102,8 @@ def recorded_run(run_dir: Path) -> tuple[str, str, dict | None] | None:
     run_dir = Path(run_dir)
     summary = read_summary(run_dir)
     if summary is not None and summary.get("config_hash") is not None:
-        return f"{article(str(summary.get('status') or 'unfinished'))} run", summary["config_hash"], summary.get("config")
+        what = f"{article(str(summary.get('status') or 'unfinished'))} run"
+        return what, summary["config_hash"], summary.get("config")
     ck = run_dir / "checkpoint.pt"
     if ck.is_file():
         import torch
