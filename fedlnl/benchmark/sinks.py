@@ -179,9 +179,13 @@ def _unreachable(url: str, seconds: float) -> str | None:
         return f"no server in the W&B base URL {url!r}"
     result: list = []
 
+    class Stay(urllib.request.HTTPRedirectHandler):  # a redirect is an answer: not followed elsewhere
+        def redirect_request(self, *args, **kwargs):
+            return None
+
     def ask():
         try:
-            urllib.request.urlopen(url, timeout=seconds).close()
+            urllib.request.build_opener(Stay).open(url, timeout=seconds).close()
             result.append(None)
         except urllib.error.HTTPError:  # an answer, whatever its status
             result.append(None)
