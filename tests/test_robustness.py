@@ -865,8 +865,10 @@ def test_a_file_system_that_fills_during_the_run_is_one_line_and_keeps_the_last_
     errors = _errors(out, err)
     assert proc.returncode == 1 and "Traceback" not in out + err, (out + err)[-3000:]
     assert len(errors) == 1 and errors[0].startswith(f"fedlnl-run: error: {run_dir}: OSError: [Errno 28]"), errors
-    saved = torch.load(run_dir / "checkpoint.pt", weights_only=False)  # the last complete one
-    assert 3 <= saved["round"] + 1 < 300 and not [p for p in run_dir.rglob("*") if p.name.endswith(".tmp")]
+    saved = torch.load(run_dir / "checkpoint.pt", weights_only=False)  # the last complete one, whole
+    rows = len((run_dir / "metrics.jsonl").read_text().splitlines())
+    # the disk filled after round 3's row: its checkpoint (or a later one) may have failed, round 2's was written
+    assert 2 <= saved["round"] + 1 <= rows and not [p for p in run_dir.rglob("*") if p.name.endswith(".tmp")]
 
 
 def test_ctrl_c_before_training_is_one_line_and_leaves_nothing(tmp_path, monkeypatch):
