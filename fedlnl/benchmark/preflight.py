@@ -291,7 +291,8 @@ def _argv_keys(parsed) -> str | None:
     """Deleted keys, keys given twice, and new keys nothing would read, as one line."""
     seen: dict[str, str] = {}
     for ov in parsed:
-        key, raw = ov.key_or_group, ov.input_line
+        # a package is part of the key: `method=fedcorr +method@method.stage3=fedprox` sets two nodes
+        key, raw = ov.key_or_group + (f"@{ov.package}" if ov.package else ""), ov.input_line
         root = key.split("@", 1)[0].split(".", 1)[0].split("/", 1)[0]
         if ov.is_delete() and root != "hydra":
             return (f"{raw} is invalid: deleting a key is not supported; set it instead "

@@ -27,13 +27,14 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 from tqdm import tqdm
 
 from fedlnl.conf import resolvers  # noqa: F401  (registers ${fidelity:...})
-from fedlnl.benchmark import compose, device, preflight
+from fedlnl.benchmark import compose, device, integrity, preflight
 from fedlnl.benchmark.lock import CellLock, LockError
 from fedlnl.benchmark.metrics import accuracy_summary, cost_to_target
 from fedlnl.benchmark.oracle import OracleScorer
-from fedlnl.benchmark.rundir import check_identity, check_run_dir, completed, config_hash, shared_prefix
+from fedlnl.benchmark.rundir import (check_identity, check_run_dir, completed, config_hash, read_summary,
+                                     shared_prefix)
 from fedlnl.benchmark.setting import setting_of
-from fedlnl.benchmark.sinks import JsonlSink, Sinks, WandbSink, write_json_atomic
+from fedlnl.benchmark.sinks import JsonlSink, Sinks, WandbSink, json_safe, write_json_atomic
 from fedlnl.benchmark.stop import StopRequest, refuse_after_signal
 from fedlnl.benchmark.validate import ConfigError
 from fedlnl.datasets.federation import federation_stats
@@ -123,7 +124,8 @@ class Runner:
         path = path or self._ckpt_path()
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # several processes may write one prefix
         try:
-            torch.save({"config_hash": self.hash, "identity": self.identity, "round": rnd, "state": state, "labels": self.labels,
+            torch.save({"config_hash": self.hash, "config": self.resolved, "identity": self.identity, "round": rnd,
+                        "state": state, "labels": self.labels,
                         "scorer": (self.scorer.num_relabels, self.scorer.num_correct_relabels, self.scorer.latest,
                                    self.scorer.mu_hat, self.scorer.flagged), "records": self.records,
                         "rows": self.rows, "comm": self.comm, "bytes": self.bytes_up, "steps": self.steps,
@@ -161,8 +163,10 @@ class Runner:
             log.warning("checkpoint %s is unreadable (%s); moved to %s, starting over",
                         path, str(err).splitlines()[0] if str(err) else type(err).__name__, aside.name)
             return None
-        if ck["config_hash"] != self.hash:
-            log.warning("checkpoint in %s is for another config; starting over", self.run_dir)
+        if ck["config_hash"] != self.hash:  # (check_run_dir refuses such a directory: a race) kept, never overwritten
+            aside = _free_name(path.with_name(path.name + ".other-config"))
+            path.replace(aside)
+            log.warning("checkpoint in %s is for another config; moved to %s, starting over", self.run_dir, aside.name)
             return None
         log.info("resuming after round %d of %d (%s)", ck["round"] + 1, self.total, path)
         return self._restore(ck)
@@ -351,12 +355,39 @@ class Runner:
         }
         sinks.summary(summary)
         sinks.close(status)
+        # metrics.jsonl as written, and a seal of the summary: a sweep's skip and the report check both (integrity.py)
+        try:
+            summary[integrity.DIGEST_KEY] = integrity.digest(self.run_dir / "metrics.jsonl")
+        except OSError:  # unreadable: no digest, no seal
+            summary[integrity.DIGEST_KEY] = None
+        else:
+            summary[integrity.SEAL_KEY] = integrity.seal(json_safe(summary))
         diag = {**self.scorer.diagnostics(self.info.num_classes), "records": self.records}
         write_json_atomic(self.run_dir / "diagnostics.json", diag)
         write_json_atomic(self.run_dir / "summary.json", summary)  # last: its presence = finished
         if status == "complete" and self._ckpt_path().exists():
             self._ckpt_path().unlink()
         return summary
+
+
+def set_aside_unverified(run_dir: Path, cfg_hash: str) -> None:
+    """A final summary of this config that its metrics.jsonl does not bear out (``integrity``) is
+    not skipped: its files are renamed ``<name>.unverified`` (never deleted) and the cell runs again."""
+    summary = read_summary(run_dir)
+    if not summary or summary.get("config_hash") != cfg_hash or summary.get("status") not in ("complete", "diverged"):
+        return
+    why = integrity.problem(run_dir, summary)
+    if why is None:
+        return
+    moved = []
+    for name in ("summary.json", "metrics.jsonl", "timing.jsonl", "diagnostics.json"):
+        path = Path(run_dir) / name
+        if path.exists():
+            aside = _free_name(path.with_name(name + ".unverified"))
+            path.replace(aside)
+            moved.append(aside.name)
+    log.warning("%s: the %s summary is not borne out by its metrics (%s): running the cell again; the old files "
+                "are kept as %s", run_dir, summary["status"], why, ", ".join(moved))
 
 
 def _free_name(path: Path) -> Path:
@@ -368,10 +399,15 @@ def _free_name(path: Path) -> Path:
     return out
 
 
+#: what ``run`` returns for a cell a stopped local sweep does not start (nothing written)
+NOT_STARTED = {"status": "not started", "best_acc": None}
+
+
 def run(cfg: DictConfig, run_dir: Path, method_name: str, group: str = "single", typed=()) -> dict:
     """One run: check everything that needs no data, skip a complete cell, load data and check what
     needs it, then (holding the cell's lock) train. Nothing is written before the last check."""
-    refuse_after_signal()
+    if refuse_after_signal():  # a local sweep asked to stop: this cell does not start
+        return dict(NOT_STARTED)
     method = preflight.check_cell(cfg, compose.typed_keys(typed))
     runner = Runner(cfg, run_dir, method_name, group, method)
     check_run_dir(run_dir, runner.hash, runner.resolved)  # another config's run, a .lock that is no file
@@ -383,6 +419,8 @@ def run(cfg: DictConfig, run_dir: Path, method_name: str, group: str = "single",
             log.info("skipping %s: %s summary for this config exists", run_dir, done["status"])
             return done
     runner.prepare()  # data-dependent checks: raises before anything is written
+    if refuse_after_signal():  # asked to stop while the data loaded
+        return dict(NOT_STARTED)
     Path(run_dir).mkdir(parents=True, exist_ok=True)
     lock = CellLock(run_dir, runner.hash)
     try:
@@ -397,11 +435,13 @@ def run(cfg: DictConfig, run_dir: Path, method_name: str, group: str = "single",
             done = completed(run_dir, runner.hash) if cfg.get("skip_complete", True) else None
             if done:  # finished by another process while this one was preparing
                 return done
+            set_aside_unverified(run_dir, runner.hash)
             summary = runner.run(stop)
         finally:
             lock.release()
         if stop.signum is not None and summary.get("status") == "interrupted":  # saved and unlocked: hand it on
-            stop.exit()
+            stop.exit()  # returns in a local sweep: its launcher stops and says so
+            return summary
         if stop.signum is not None:
             stop.completed()
     log.info("%s seed %s: best acc %.4f, final %.4f, comm cost %d, %.1fs -> %s", method_name, cfg.seed,

@@ -299,7 +299,7 @@ def notes(full: pd.DataFrame, frame: pd.DataFrame, rows: str, by: Sequence[str],
     if split:
         line = (f"WARNING: runs of one cell differ in {', '.join(split)} besides the seed; these keys "
                 "were added to the columns so such runs are never averaged as seeds")
-        log.warning("%s", line)
+        log.warning("%s", line.removeprefix("WARNING: "))  # the log format adds the level itself
         found.append(Note("split", line, [line]))
     diffs = effective_diffs(frame, rows, by)
     if diffs:
