@@ -108,7 +108,8 @@ Win/tie/loss matrix: only the rows with a tested pair; none tested (one seed): o
 Bad input (empty directory, a reference CSV that is malformed or matches no run, bad options, an
 ``--out`` that cannot be written): one ``fedlnl-report: error:`` line on stderr, exit code 2; a write
 failing midway: exit 1. The report folder holds an ``INCOMPLETE`` file from the first file written
-to the last: an interrupted report (Ctrl-C: exit 130, SIGTERM: 143, or killed) keeps it.
+to the last (an earlier report's files, ``cli.OUTPUTS``, are removed first): an interrupted report
+(Ctrl-C: exit 130, SIGTERM: 143, or killed) keeps it.
 
 Outputs in DIR/report: report.html (self-contained: every table and figure, statistics, notes,
 the commands that made the runs), accuracy.{md,csv,tex} (``--metric`` and, beside it in every

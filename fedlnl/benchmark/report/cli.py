@@ -17,7 +17,7 @@ import pandas as pd
 from fedlnl.benchmark.report import html, plots, stats, wandb_log
 from fedlnl.benchmark.report.cells import (OTHER_FAMILY, canon, fmt, resolve_key, row_families,
                                            with_columns)
-from fedlnl.benchmark.report.clients import clients_caption, clients_table
+from fedlnl.benchmark.report.clients import clients_caption, clients_table, has_client_scores
 from fedlnl.benchmark.report.commands import run_commands
 from fedlnl.benchmark.report.control import (BASELINE, MARGIN, clean_control, control_caption, control_lines,
                                              failed)
@@ -128,6 +128,12 @@ def write_report(frame: pd.DataFrame, out: Path, rows: str = "method", by: Seque
 
 #: the file that marks a report folder being written (or left by an interrupted report)
 INCOMPLETE = "INCOMPLETE"
+#: the report's own top-level files: an earlier report's are removed first, so none survives into a
+#: report that no longer writes it (report.html embeds every PNG of the folder)
+OUTPUTS = ("report.html", "accuracy.md", "accuracy.csv", "accuracy.tex", "stats.md", "stats.json", "ranks.csv",
+           "wtl.csv", "agreement.csv", "notes.md", "comm.md", "comm.csv", "comm.tex", "detection.md", "detection.csv",
+           "detection.tex", "compute.md", "compute.csv", "noise.md", "noise.csv", "clients.md", "clients.csv",
+           "clients.png", "acc_vs_cost.png", "cd_diagram.png")
 
 
 class ReportOutputError(OSError):
@@ -135,12 +141,16 @@ class ReportOutputError(OSError):
 
 
 def open_output(out: Path) -> None:
-    """Create ``out`` and put the ``INCOMPLETE`` marker in it, or say in one line why it cannot."""
+    """Create ``out``, put the ``INCOMPLETE`` marker in it and remove an earlier report's files
+    (``OUTPUTS``), or say in one line why it cannot."""
     try:
         out.mkdir(parents=True, exist_ok=True)
         (out / INCOMPLETE).write_text(
             "fedlnl-report is writing this folder, or was interrupted (or failed) while writing it: its files may "
-            "be partial or from an earlier report. A finished report removes this file.\n")
+            "be partial. A finished report removes this file.\n")
+        for name in OUTPUTS:
+            if (out / name).is_file():
+                (out / name).unlink()
     except OSError as err:
         raise ReportOutputError(f"--out {out}: cannot write the report there: {_why(out, err)}") from None
 
@@ -359,11 +369,10 @@ def notes(full: pd.DataFrame, frame: pd.DataFrame, rows: str, by: Sequence[str],
     if missing:
         found.append(Note("not run", f"{len(missing)} cell(s) of the reference grid without any run"
                                      + ("" if full_grid else " (summarised per method above)"), missing))
-    done = frame[frame["status"] == "complete"]
-    if done.empty or ("client_acc_mean" in done and done["client_acc_mean"].map(canon).notna().any()):
+    if not (frame["status"] == "complete").any() or has_client_scores(frame):
         return found
-    line = ("no per-client table (clients.md) nor clients.png: no summary.json records client_acc_mean "
-            "(written before the runner recorded per-client accuracy)")
+    line = ("no per-client table (clients.md) nor clients.png: no summary.json records client_acc_mean, "
+            "client_acc_worst10 or client_gap (written before the runner recorded per-client accuracy)")
     return found + [Note("no clients", line, [line])]
 
 

@@ -22,10 +22,16 @@ CLIENT_SCORES = (("client_acc_mean", "client_acc_mean", 100, 2), ("client_acc_wo
 CLIENT_LISTS = ("clients.acc", "clients.noise_rate", "clients.noisy")
 
 
+def has_client_scores(frame: pd.DataFrame) -> bool:
+    """Whether a complete run records any per-client score."""
+    done = complete_runs(frame)
+    return any(key in done and done[key].map(canon).notna().any() for key, *_ in CLIENT_SCORES)
+
+
 def clients_table(frame: pd.DataFrame, rows: str = "method", by: Sequence[str] = ()) -> pd.DataFrame:
     """Long form: per cell and score (``CLIENT_SCORES``), mean ± std (ddof=0) over the complete
     seeds that record it; empty when no summary does."""
-    if not any(key in frame for key, *_ in CLIENT_SCORES):
+    if not has_client_scores(frame):
         return pd.DataFrame()
     return score_table(frame, rows, by, CLIENT_SCORES)
 

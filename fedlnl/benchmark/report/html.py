@@ -76,8 +76,9 @@ def write_html(rep, out: Path) -> Path:
     st = rep.statistics
     text, bold = rep.grid
     parts = [f"<h1>{_e(rep.title)}</h1>",
-             f"<p>Metric: <b>{_e(', '.join(rep.metric.shown))}</b>. {_e(rep.metric.caption())}. Costs to a target "
-             f"from <code>{_e(rep.metric.cost_key)}</code>; curves from <code>{_e(rep.metric.curve)}</code>.</p>",
+             f"<p>Metric: <b>{_e(', '.join(rep.metric.shown))}</b> (in %; the table's caption says what each "
+             f"is); costs to a target from <code>{_e(rep.metric.cost_key)}</code>; curves from "
+             f"<code>{_e(rep.metric.curve)}</code>.</p>",
              "<h2>Accuracy</h2>", grid_html(text, "accuracy", bold, rep.caption, rep.families)]
     if rep.missing:
         parts.append("<p>Cells of the reference grid without any run:</p><ul>"
