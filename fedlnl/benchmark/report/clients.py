@@ -54,7 +54,9 @@ def clients_caption(frame: pd.DataFrame) -> str:
     return ("Per-client test accuracy in %, mean ± std (ddof=0) over seeds: client_acc_mean = the mean over "
             "clients, client_acc_worst10 = the mean of the worst 10 % of clients, client_gap = the mean of the "
             "clean clients minus the mean of the noisy ones (points; the noisy/clean split is the oracle's, used "
-            f"only here); each at the run's reported_round: {reported_round(frame)}.")
+            "only here; empty where a setting has no noisy client). A client's accuracy is on its local test set "
+            "(the test set sampled to its training class proportions), at the run's reported_round: "
+            f"{reported_round(frame)}.")
 
 
 def client_points(frame: pd.DataFrame, rows: str = "method", by: Sequence[str] = ()) -> list[tuple]:

@@ -215,7 +215,8 @@ def win_tie_loss(columns: dict, test: Test) -> tuple[pd.DataFrame, pd.DataFrame]
     return text, long
 
 
-def tested_matrix(text: pd.DataFrame, long: pd.DataFrame, columns: dict, test: Test) -> tuple[pd.DataFrame | None, str]:
+def tested_matrix(text: pd.DataFrame, long: pd.DataFrame, columns: dict,
+                  test: Test) -> tuple[pd.DataFrame | None, str]:
     """The win/tie/loss matrix of :func:`win_tie_loss` shown only where a pair was tested: the rows
     (and columns) with at least one tested pair, and a line on what is left out; no pair tested
     anywhere: (None, why not), never a wall of "0/0/0 (k untested)"."""

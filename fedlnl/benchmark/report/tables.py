@@ -25,9 +25,8 @@ def accuracy_table(
     CI of the mean (ci_low, ci_high), n complete runs that hold ``metric`` and n_incomplete
     (failed, diverged, partial or missing runs); with ``reference``, also the paper's mean and std
     of ``paper_metric`` (default: ``metric``; paper_mean, paper_std, paper_source) and diff = mean −
-    paper_mean. With ``test``: the paired
-    test of every row against its column's best (see :func:`stats.against_best`): is_best, p,
-    p_holm, n_pairs, tested, tie (not significantly worse)."""
+    paper_mean. With ``test``: the paired test of every row against its column's best (see
+    :func:`stats.against_best`): is_best, p, p_holm, n_pairs, tested, tie (not significantly worse)."""
     runs, columns, keys = with_columns(frame, rows, by)
     lines = []
     for row, column, key_values, cell in each_cell(runs, rows, columns, keys):
