@@ -198,12 +198,13 @@ def federation_hash(source: Source, client_indices: list[np.ndarray], labels: to
 
 
 def federation_stats(fed: Federation) -> dict[str, float | int]:
-    """Realized noise overall and per client, the config's nominal rate, number of noisy clients,
-    client (training) sizes and the number of validation samples: for the run log."""
+    """Realized noise of the training samples overall and per client, the config's nominal rate, number
+    of noisy clients, client (training) sizes and the number of validation samples: for the run log."""
     o = fed.oracle
     sizes = fed.client_sizes
+    train = np.concatenate(fed.client_indices) if any(fed.val_sizes) else slice(None)  # validation left out
     return {
-        "noise_rate": float(o.noisy_mask.double().mean()),
+        "noise_rate": float(o.noisy_mask[train].double().mean()),
         "nominal_noise_rate": fed.meta.get("nominal_noise_rate"),
         "nominal_noisy_share": fed.meta.get("nominal_noisy_share"),
         "client_noise_min": float(o.realized_rate.min()),
