@@ -165,7 +165,8 @@ def test_fedrn_counts_the_neighbour_downloads(tmp_path):
     later = rows[1:]
     assert all(r["stage"] == "neighbours" and r["neighbour_models"] > 0 for r in later)
     # every extra model is a full state dict: bytes per model = the upload's weight bytes
-    model_bytes = (rows[0]["bytes_up"] / 3) - 4 * 11  # 3 uploads a round, each + e_k + 10 logits
+    # 3 uploads a round, each + e_k + 10 logits; the 6 clients' validation counts (16 bytes each)
+    model_bytes = ((rows[0]["bytes_up"] - 6 * 16) / 3) - 4 * 11
     assert rows[-1]["bytes_down_extra"] == pytest.approx(sum(r["neighbour_models"] for r in later) * model_bytes)
     assert s["status"] == "complete" and "sample_f1" in s["detection"]
 

@@ -388,7 +388,10 @@ def test_a_failure_after_training_started_keeps_metrics_and_says_why(tmp_path, m
 def test_a_test_loss_of_exactly_zero_is_not_divergence(tmp_path, monkeypatch):
     from fedlnl.methods.common import engine
 
-    monkeypatch.setattr(engine, "evaluate", lambda *a, **k: engine.Evaluation(1.0, 0.0, 1.0, [1.0] * 10))
+    def perfect(*a, groups=None, **k):  # every prediction right, the clients' local test sets included
+        return engine.Evaluation(1.0, 0.0, 1.0, [1.0] * 10, [groups.shape[1]] * groups.shape[0])
+
+    monkeypatch.setattr(engine, "evaluate", perfect)
     s = run_tiny(tmp_path, ["fl.rounds=2"])
     assert s["status"] == "complete" and s["best_acc"] == 1.0 and s["best_balanced_acc"] == 1.0
 
@@ -459,10 +462,11 @@ def test_dry_run_lists_the_cells_and_what_is_left_without_running_anything(tmp_p
     code, out, err = cli(["-m", "method=fedavg", "seed=0,1,2", "fl.rounds=2", *TINY, f"hydra.sweep.dir={sweep}",
                           "dry_run=true"], tmp_path)
     assert code == 0, err[-2000:]
-    # 2 rounds x 3 of 6 clients, one epoch of 32-sample batches over 239-240 samples: 8 steps an update
-    assert "3 cells, 2 complete, 1 to run: 6 client participations, 48 local steps" in out
+    # 2 rounds x 3 of 6 clients, one epoch of 32-sample batches over 215-216 training samples (239-240
+    # minus the 24 of the client's validation set, selection.val_share=0.1): 7 steps an update
+    assert "3 cells, 2 complete, 1 to run: 6 client participations, 42 local steps" in out
     cell = [ln for ln in out.splitlines() if "method=fedavg,seed=2" in ln][0].split()
-    assert cell[1:5] == ["fedavg", "2", "6", "48"] and cell[-2:] == ["to", "run"], cell
+    assert cell[1:5] == ["fedavg", "2", "6", "42"] and cell[-2:] == ["to", "run"], cell
     assert "time left: ~" in out and sorted(p.name for p in sweep.iterdir()) == before
 
 
@@ -500,7 +504,8 @@ def test_a_plan_finds_the_shared_prefix_a_run_saved(tmp_path):
 def test_dry_run_of_a_single_run_prints_its_plan_and_trains_nothing(tmp_path):
     code, out, err = cli(["method=fedcorr", *TINY, "dry_run=true"], tmp_path)
     assert code == 0, err[-2000:]
-    assert "fedcorr seed 0: 16 rounds, ≤24 client participations, ≤192 local steps" in out
+    # 24 updates of one epoch over 215-216 training samples (the rest is validation): 7 steps of 32 each
+    assert "fedcorr seed 0: 16 rounds, ≤24 client participations, ≤168 local steps" in out
     assert "dry_run=true: nothing was trained or written" in out and not any(tmp_path.iterdir())
 
 

@@ -26,6 +26,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from fedlnl.benchmark import compose
 from fedlnl.benchmark.device import seeded_init
+from fedlnl.benchmark.selection import SelectionSettings
 from fedlnl.benchmark.validate import ConfigError, check_fl, validate
 from fedlnl.datasets import DataError, DatasetUnavailable
 from fedlnl.methods.common.protocol import FederationInfo
@@ -105,6 +106,11 @@ class Cell:
     model: torch.nn.Module
     total: int  # the method's schedule length on this federation
 
+    def evaluations(self, cfg) -> tuple[int, int]:
+        """(evaluation cadence, clients that send validation counts at each evaluation): the plan's
+        ``eval_every`` and ``reporters``."""
+        return int(cfg.fl.eval_every), sum(1 for n in self.fed.val_sizes if n)
+
 
 def build_cell(cfg, method, model_label: str, device="cpu", models: dict | None = None) -> Cell:
     """Load the data, build the federation and the model, and size the schedule, raising
@@ -125,7 +131,9 @@ def build_cell(cfg, method, model_label: str, device="cpu", models: dict | None 
         raise DataUnavailable(first_line(err)) from err
     check_data(cfg, num_train=int(source.y_train.shape[0]))
     try:
-        fed = build_federation(cfg.dataset, cfg.partition, cfg.noise, cfg.fl.num_clients, cfg.seed)
+        sel = SelectionSettings.of(cfg.get("selection"))
+        fed = build_federation(cfg.dataset, cfg.partition, cfg.noise, cfg.fl.num_clients, cfg.seed,
+                               sel.val_share, sel.client_test_size)
     except DATA_ERRORS as err:  # partition/noise settings the data cannot satisfy
         raise ConfigError(first_line(err)) from err
     src = fed.source

@@ -190,7 +190,7 @@ def precheck(argv: list[str]) -> int | None:
             print(f"{method_label(cfg.hydra)} seed {job.seed}: no plan: the data is not available here ({err}); "
                   "the plan counts on the real federation\ndry_run=true: nothing was trained or written")
             return 0
-        p = plan.plan_run(method, cell.info, cell.model, cell.total, int(job.seed)) if dry else None
+        p = plan.plan_run(method, cell.info, cell.model, cell.total, int(job.seed), *cell.evaluations(job)) if dry else None
     except ConfigError as err:
         print(f"fedlnl-run: error: {err}", file=sys.stderr)
         return 2

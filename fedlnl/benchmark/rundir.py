@@ -26,8 +26,19 @@ KEPT = ("complete", "diverged", "interrupted")
 
 def config_hash(cfg: dict) -> str:
     kept = {k: v for k, v in cfg.items()
-            if k not in NON_RESULT_KEYS and not (k in LEGACY_VALUES and v is LEGACY_VALUES[k])}
+            if k not in NON_RESULT_KEYS and not (k in LEGACY_VALUES and is_legacy(v, LEGACY_VALUES[k]))}
     return hashlib.blake2b(json.dumps(kept, sort_keys=True, default=str).encode(), digest_size=8).hexdigest()
+
+
+def is_legacy(value, legacy) -> bool:
+    """``value`` is the legacy value: a mapping with the same keys, each legacy; a boolean by identity
+    (``0`` is not ``false``); a number by value (``0`` is ``0.0``)."""
+    if isinstance(legacy, dict):
+        return (isinstance(value, dict) and value.keys() == legacy.keys()
+                and all(is_legacy(value[k], legacy[k]) for k in legacy))
+    if isinstance(legacy, bool) or isinstance(value, bool):
+        return value is legacy
+    return type(value) in (int, float) and value == legacy
 
 
 @functools.cache

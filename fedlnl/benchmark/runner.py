@@ -2,7 +2,8 @@
 
 Data flow: validate → build (or reuse) the federation → instantiate model and method → loop rounds
 (sample, local updates, relabels scored against the oracle, aggregate, evaluate, log, checkpoint) →
-``summary.json``. The method never sees the oracle or the test set. ``run`` holds the cell's lock
+``summary.json``. The method never sees the oracle, the clients' validation samples or the test set
+(``heldout.py``: model selection and per-client accuracy). ``run`` holds the cell's lock
 while it trains; ``fedlnl-run`` (``run.py``) is the command around it.
 """
 from __future__ import annotations
@@ -28,11 +29,13 @@ from tqdm import tqdm
 
 from fedlnl.conf import resolvers  # noqa: F401  (registers ${fidelity:...})
 from fedlnl.benchmark import compose, device, integrity, preflight
+from fedlnl.benchmark.heldout import HeldOut
 from fedlnl.benchmark.lock import CellLock, LockError
 from fedlnl.benchmark.metrics import accuracy_summary, cost_to_target
 from fedlnl.benchmark.oracle import OracleScorer
 from fedlnl.benchmark.rundir import (check_identity, check_run_dir, completed, config_hash, read_summary,
                                      shared_prefix)
+from fedlnl.benchmark.selection import SelectionSettings, selection_summary
 from fedlnl.benchmark.setting import setting_of
 from fedlnl.benchmark.sinks import JsonlSink, Sinks, WandbSink, json_safe, write_json_atomic
 from fedlnl.benchmark.stop import StopRequest, refuse_after_signal
@@ -91,7 +94,12 @@ class Runner:
         self.labels = self.fed.labels.clone().to(self.device)  # observed labels; relabels land here
         self.client_idx = [torch.tensor(ix, dtype=torch.long, device=self.device)
                            for ix in self.fed.client_indices]
-        self.scorer = OracleScorer(self.fed.oracle, self.fed.client_indices, self.labels)
+        self.heldout = HeldOut(self.fed, SelectionSettings.of(cfg.get("selection")), self.device)
+        # the centralised references' pooled view: every training sample, none held out for validation
+        self.pool = torch.tensor(np.sort(np.concatenate(self.fed.client_indices)), dtype=torch.long,
+                                 device=self.device) if self.heldout.validated else None
+        self.scorer = OracleScorer(self.fed.oracle, self.fed.client_indices, self.labels,
+                                   held_out=self.heldout.val_idx.cpu())
         self.records: dict = {}  # ctx.record(...) diagnostics, written to diagnostics.json
         self.prefix = self._prefix()
         self.prefix_from = None  # the shared prefix this run started from, for summary.json
@@ -102,7 +110,10 @@ class Runner:
                  self.identity["determinism"], where, f"compiled ({self.compile_mode})" if self.compile_mode else "eager")
 
     def view(self, k: int) -> ClientView:
-        idx = torch.arange(self.labels.numel(), device=self.device) if k == ALL_CLIENTS else self.client_idx[k]
+        if k == ALL_CLIENTS:
+            idx = self.pool if self.pool is not None else torch.arange(self.labels.numel(), device=self.device)
+        else:
+            idx = self.client_idx[k]
         return ClientView(k, idx, self.labels[idx].clone(), self.train)
 
     def context(self, rnd: int) -> RoundContext:
@@ -129,6 +140,7 @@ class Runner:
                         "scorer": (self.scorer.num_relabels, self.scorer.num_correct_relabels, self.scorer.latest,
                                    self.scorer.mu_hat, self.scorer.flagged), "records": self.records,
                         "rows": self.rows, "comm": self.comm, "bytes": self.bytes_up, "steps": self.steps,
+                        "selection": self.heldout.reported.state(),
                         "elapsed": time.time() - self.t0, "cpu": time.process_time() - self.c0, **extra}, tmp)
             tmp.replace(path)
         except (OSError, RuntimeError) as err:  # torch reports a full disk as "file write failed"
@@ -145,6 +157,7 @@ class Runner:
          self.scorer.mu_hat, self.scorer.flagged) = ck["scorer"]
         self.records.update(ck["records"])
         self.rows, self.comm, self.bytes_up, self.steps = ck["rows"], ck["comm"], ck["bytes"], ck.get("steps", 0)
+        self.heldout.reported.load(ck.get("selection"))  # None: saved before per-client figures were kept
         self.t0 -= ck["elapsed"]
         self.c0 -= ck.get("cpu", 0.0)
         return ck["state"], ck["round"] + 1
@@ -293,8 +306,11 @@ class Runner:
     @torch.no_grad()
     def evaluate(self, state, rnd: int, losses: list[float], agg: dict) -> dict:
         model = self.method.eval_model(state)
-        ev = engine.evaluate(model, self.test, self.test_labels, int(self.cfg.fl.eval_batch_size),
-                             num_classes=self.info.num_classes)
+        batch = int(self.cfg.fl.eval_batch_size)
+        ev = engine.evaluate(model, self.test, self.test_labels, batch, num_classes=self.info.num_classes,
+                             groups=self.heldout.tests)
+        val = self.heldout.val_acc(model, self.train, batch)  # the clients' counts: sent, so counted
+        self.bytes_up += self.heldout.upload()
         finite = [x for x in losses if math.isfinite(x)]
         ok = math.isfinite(ev.loss)
         row = {
@@ -304,6 +320,7 @@ class Runner:
             "train_loss": float(np.mean(finite)) if finite and len(finite) == len(losses) else float("nan"),
             "time_s": time.time() - self.t0,
         }
+        row.update(self.heldout.observe(row, ev.group_correct, val))
         row.update({k: v for k, v in agg.items()})
         row.update(self.scorer.latest)
         self.rows.append(row)
@@ -339,7 +356,8 @@ class Runner:
             "family": getattr(self.method, "family", None), "dataset": str(self.cfg.dataset.name),
             "model": model_name(self.cfg),
             "seed": int(self.cfg.seed), "variant": self.cfg.get("variant"), "preset": self.cfg.get("preset"),
-            **accuracy_summary(self.rows),
+            **accuracy_summary(self.rows), **selection_summary(self.rows, self.heldout.validated),
+            **self.heldout.summary(),
             "comm_cost": self.comm, "cost_to_target": cost_to_target(self.rows, list(self.cfg.targets)),
             "cost_to_target_balanced": cost_to_target(self.rows, list(self.cfg.targets), key="balanced_acc"),
             "bytes_up": self.bytes_up, "local_steps": self.steps, "rounds_run": self.rows[-1]["round"] if self.rows else 0,

@@ -57,7 +57,7 @@ class Cell:
     run_dir: Path | None = None
     hash: str | None = None
     method_name: str = "?"
-    built: tuple | None = None  # (method, FederationInfo, model, total rounds, seed): for the plan
+    built: tuple | None = None  # (method, FederationInfo, model, total rounds, seed, eval_every, reporters): the plan
     done: dict | None = None  # its final summary, when complete
     no_data: str | None = None  # why its data cannot be loaded here (a plan or a SLURM sweep goes on)
     prefix: tuple | None = None  # (rounds, key, file) of its shared prefix (rundir.shared_prefix), on this machine
@@ -198,7 +198,7 @@ class ValidatingSweeper(BasicSweeper):  # registered as hydra_plugins.fedlnl_swe
                 raise
             cell.no_data = str(err)
             return cell
-        cell.built = (method, built.info, built.model, built.total, int(job.seed))
+        cell.built = (method, built.info, built.model, built.total, int(job.seed), *built.evaluations(job))
         if identity is not None and job.get("reuse_prefix", True):
             cell.prefix = shared_prefix(method, built.info, resolved, built.fed.hash, identity, cell.run_dir)
         return cell

@@ -13,6 +13,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from fedlnl.conf import checks
 from fedlnl.conf.checks import ConfigError, is_number  # noqa: F401 (ConfigError: imported from here by the benchmark)
+from fedlnl.benchmark.selection import SelectionSettings
 from fedlnl.datasets.options import check_options
 from fedlnl.methods.common.protocol import OPTIMIZERS
 
@@ -181,6 +182,7 @@ def validate(cfg: DictConfig, num_train: int | None = None) -> None:
     _int(cfg, "fl.rounds", 1)
     _int(cfg, "fl.eval_every", 1)
     check_fl(cfg.fl, "fl.")
+    SelectionSettings.of(cfg.get("selection"))  # each key's declared check (benchmark/selection.py)
     if num_train is not None:
         _num(cfg, "fl.num_clients", lambda v: v <= num_train,
              f"an integer in [1, {num_train}] (the number of training samples)")

@@ -25,7 +25,10 @@ NON_RESULT_KEYS = ("logger", "name", "preset", "checkpoint_every", "checkpoint_m
 #: result keys added after runs were already made, with the value that reproduces those runs: at that
 #: value the key stays out of the config hash, so a run made before the key existed keeps its hash
 #: (its sweep cell is still skipped or resumed), and any other value makes a configuration of its own.
-LEGACY_VALUES = {"compile": False}
+#: A node's value is all of its keys (``rundir.is_legacy``): ``selection`` at the papers' protocol (no
+#: validation set, 500-image client test sets, client figures at the reported round only).
+LEGACY_VALUES = {"compile": False,
+                 "selection": {"val_share": 0, "client_test_size": 500, "client_every_eval": False}}
 
 #: command-line overrides left out of a sweep cell's directory name (``${cell_dir_excluded:}``): the
 #: result-neutral keys and the logger's mode; the preset selectors (the sweep directory is named after
