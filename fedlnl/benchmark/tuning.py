@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -114,6 +114,24 @@ def search_space(method, resolved_method: Mapping) -> list[Dim]:
     if len(own) > MAX_OWN:
         raise TypeError(f"{type(method).__name__} searches {len(own)} own keys ({', '.join(own)}); at most {MAX_OWN}")
     return list(dims.values())
+
+
+def space_table(space_of: Callable[[str], list[Dim]], methods: Iterable[str]) -> list[str]:
+    """The user guide's tables of the searched values (docs/user-guide.md, "Tuning with an equal
+    budget"): one row per method with its ranges at the tuning cell, then one row per declaration
+    with the methods that search it and its source."""
+    rows, sources, methods = ["| method | searched (ranges at the tuning cell) |", "|---|---|"], {}, list(methods)
+    for name in methods:
+        dims = space_of(name)
+        rows.append(f"| `{name}` | {'; '.join(f'`{d.key}` {d.describe()}' for d in dims)} |")
+        for d in dims:
+            field = "lr" if d.space.lr else d.key.rpartition(".")[2]
+            sources.setdefault((field, d.space.source), []).append(name)
+    rows += ["", "| key | methods | source of the range |", "|---|---|---|"]
+    for (field, source), names in sorted(sources.items()):
+        shown = "every method" if set(names) == set(methods) else ", ".join(f"`{n}`" for n in dict.fromkeys(names))
+        rows.append(f"| `{field}` | {shown} | {source} |")
+    return rows
 
 
 def override_value(value) -> str:
