@@ -213,7 +213,11 @@ def tune_cmd(root, *extra) -> list[str]:
 def test_a_tune_without_validation_or_of_a_grid_is_refused_before_any_trial(tmp_path):
     no_val = ["selection.val_share=0"] if has_validation() else []
     for extra, message in ((no_val, "selection.val_share=0: experiment=tune maximises the noisy-validation accuracy"),
-                           (["seed=0,1"], "seed=0,1 is a sweep: experiment=tune searches the declared spaces")):
+                           (["seed=0,1"], "seed=0,1 is a sweep: experiment=tune searches the declared spaces"),
+                           (["fl.lr=0.1"], "tune fedavg: fl.lr=0.1 sets a value the tune searches"),
+                           (["tuned=x"], "tuned=x does not combine with experiment=tune")):
+        if extra == ["fl.lr=0.1"] and not has_validation():
+            continue  # checked after the validation set
         proc = cli(*tune_cmd(tmp_path / "r", *extra), cwd=tmp_path)
         assert proc.returncode == 2, proc.stderr[-2000:]
         assert message in proc.stderr

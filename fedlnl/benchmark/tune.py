@@ -29,7 +29,7 @@ from hydra.utils import instantiate  # noqa: E402
 from hydra_plugins.hydra_optuna_sweeper._impl import OptunaSweeperImpl
 from omegaconf import OmegaConf, open_dict
 
-from fedlnl.benchmark import tuning
+from fedlnl.benchmark import plan, tuning
 from fedlnl.benchmark.rundir import check_writable
 from fedlnl.benchmark.setting import setting_of
 from fedlnl.benchmark.sweeper import ValidatingSweeper
@@ -61,6 +61,9 @@ class TuningSweeperImpl(OptunaSweeperImpl):
             print(f"fedlnl-run: error: {len(problems)} of {len(studies)} tunes are invalid; nothing was run",
                   file=sys.stderr)
             sys.exit(2)
+        if self.config.get("dry_run"):
+            self.print_plan(studies)
+            return
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         for study in studies:
             self.run_study(**study)
@@ -98,15 +101,39 @@ class TuningSweeperImpl(OptunaSweeperImpl):
         label = method_label(cfg.hydra)
         resolved = OmegaConf.to_container(OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"]), resolve=True)
         dims = tuning.search_space(built, resolved["method"])
+        typed = {o.split("=", 1)[0].lstrip("+~"): o for o in overrides}
+        fixed_too = [typed[d.key] for d in dims if d.key in typed]
+        if fixed_too:
+            return (f"tune {label}: {fixed_too[0]} sets a value the tune searches ({fixed_too[0].split('=')[0]}: "
+                    f"{next(d.describe() for d in dims if typed.get(d.key) == fixed_too[0])}); drop it")
         study_dir = Path(str(cfg.tune.dir)) / label
         check_writable(study_dir, "tune.dir")
         cell = self.checker.check_cells([overrides + [self.dir_override(study_dir)]])[0]
         if cell.problem:
             return f"tune [{' '.join(overrides)}]: {cell.problem}"
-        return {"label": label, "overrides": overrides, "dims": dims, "study_dir": study_dir,
+        return {"label": label, "overrides": overrides, "dims": dims, "study_dir": study_dir, "cell": cell,
                 "setting": {**setting_of(resolved), "name": resolved.get("name"), "seed": resolved.get("seed"),
                             "rounds": resolved["fl"]["rounds"], "val_share": tuning.validation_share(cfg)},
                 "trials": int(cfg.tune.trials), "sampler_cfg": cfg.hydra.sweeper.sampler}
+
+    @staticmethod
+    def print_plan(studies: list[dict]) -> None:
+        """``dry_run=true``: each study's directory, space and budget, and what its trials cost (each
+        trial: the method's default cell's plan; values drawn later may change a bound, not the
+        schedule); nothing runs or is written."""
+        for s in studies:
+            cell = s["cell"]
+            cost = "no plan: the data is not available here"
+            if cell.built is not None:
+                p = plan.plan_run(*cell.built)
+                cost = (f"{s['trials']} × ({plan.describe(p)}) = {s['trials'] * p.local_steps:,} local steps"
+                        + (" (bounds)" if not p.exact["local_steps"] else ""))
+            print(f"{s['label']}: {s['trials']} trials -> {s['study_dir']}/{tuning.RESULTS}")
+            for d in s["dims"]:
+                print(f"  {d.key}: {d.describe()} (default {d.default})")
+            print(f"  {cost}")
+        print(f"{len(studies)} tunes, {sum(s['trials'] for s in studies)} trials, maximising {tuning.OBJECTIVE}\n"
+              "dry_run=true: nothing was trained or written")
 
     @staticmethod
     def dir_override(study_dir: Path) -> str:
@@ -114,7 +141,7 @@ class TuningSweeperImpl(OptunaSweeperImpl):
         return f"hydra.sweep.dir='{study_dir}'"
 
     def run_study(self, label: str, overrides: list[str], dims: list, study_dir: Path, setting: dict,
-                  trials: int, sampler_cfg) -> None:
+                  trials: int, sampler_cfg, cell=None) -> None:
         sampler = instantiate(sampler_cfg)  # fresh and seeded for every method
         study = optuna.create_study(sampler=sampler, direction="maximize")
         study_dir.mkdir(parents=True, exist_ok=True)
