@@ -212,8 +212,8 @@ def run_fedlnl(cmd: Command, args: list[str], tmp_path: Path) -> None:
         for method in (CONF / "method").glob("*.yaml"):
             study = tmp_path / tuned / method.stem
             study.mkdir(parents=True)
-            (study / "optimization_results.yaml").write_text(
-                f"name: optuna\nbest_params: {{}}\nbest_value: 0.5\nobjective: selected_val_acc\nmethod: {method.stem}\n")
+            (study / "optimization_results.yaml").write_text(f"name: optuna\nbest_params: {{}}\nbest_value: 0.5\n"
+                                                             f"objective: selected_val_acc\nmethod: {method.stem}\n")
     if cmd.output:  # shown with its refusal: the very line, exit 2
         code, out, err = cli(args, tmp_path)
         _expect_error(cmd, code, out + err)

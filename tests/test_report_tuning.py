@@ -16,8 +16,8 @@ def run(method, seed, tuned=None):
 
 
 def record(values, trials=20, best=0.8123):
-    return {"values": values, "trials": trials, "objective": "selected_val_acc", "source": "x/optimization_results.yaml",
-            "best_value": best, "tuned_on": {"dataset": "digits"}}
+    return {"values": values, "trials": trials, "objective": "selected_val_acc",
+            "source": "x/optimization_results.yaml", "best_value": best, "tuned_on": {"dataset": "digits"}}
 
 
 def test_one_row_per_method_with_its_values_budget_and_objective():

@@ -136,7 +136,8 @@ def applied(overrides, method="fedprox", typed=None):
 def test_tuned_sets_the_values_as_typed_and_moves_the_hash(tmp_path):
     f = results(tmp_path / "t" / "fedprox" / tuning.RESULTS, "fedprox", {"fl.lr": 0.02, "method.mu": 0.1})
     plain = compose_cfg(["method=fedprox"])
-    for where, source in ((f, tuning.RESULTS), (f.parent, tuning.RESULTS), (tmp_path / "t", f"fedprox/{tuning.RESULTS}")):
+    forms = ((f, tuning.RESULTS), (f.parent, tuning.RESULTS), (tmp_path / "t", f"fedprox/{tuning.RESULTS}"))
+    for where, source in forms:
         cfg, record, extra = applied([f"tuned={where}"])
         assert (cfg.fl.lr, cfg.method.mu) == (0.02, 0.1)
         assert record == {"values": {"fl.lr": 0.02, "method.mu": 0.1}, "trials": 5, "objective": tuning.OBJECTIVE,

@@ -274,7 +274,7 @@ def check_tune(argv: list[str]) -> str | None:
     if not any(a in ("-m", "--multirun") for a in argv) and not any(
             a in ("--cfg", "-c", "--info", "-i", "--help", "-h") for a in argv):
         return "experiment=tune runs a study of trials: add -m (fedlnl-run -m experiment=tune method=<name>)"
-    if importlib.util.find_spec("optuna") is None or importlib.util.find_spec("hydra_plugins.hydra_optuna_sweeper") is None:
+    if any(importlib.util.find_spec(m) is None for m in ("optuna", "hydra_plugins.hydra_optuna_sweeper")):
         return "experiment=tune needs Hydra's Optuna sweeper: pip install -e '.[tune]' (hydra-optuna-sweeper)"
     return None
 

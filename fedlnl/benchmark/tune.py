@@ -39,7 +39,7 @@ log = logging.getLogger("fedlnl")
 
 
 class TuningSweeperImpl(OptunaSweeperImpl):
-    """Registered as ``hydra_plugins.fedlnl_sweeper.TuningSweeper`` (``conf/hydra/sweeper/tune.yaml``)."""
+    """Registered as ``hydra_plugins.fedlnl_sweeper.TuningSweeper``, configured by ``conf/tuning/optuna.yaml``."""
 
     def setup(self, *, hydra_context, task_function, config) -> None:
         super().setup(hydra_context=hydra_context, task_function=task_function, config=config)
@@ -102,10 +102,10 @@ class TuningSweeperImpl(OptunaSweeperImpl):
         resolved = OmegaConf.to_container(OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"]), resolve=True)
         dims = tuning.search_space(built, resolved["method"])
         typed = {o.split("=", 1)[0].lstrip("+~"): o for o in overrides}
-        fixed_too = [typed[d.key] for d in dims if d.key in typed]
-        if fixed_too:
-            return (f"tune {label}: {fixed_too[0]} sets a value the tune searches ({fixed_too[0].split('=')[0]}: "
-                    f"{next(d.describe() for d in dims if typed.get(d.key) == fixed_too[0])}); drop it")
+        searched = next((d for d in dims if d.key in typed), None)
+        if searched is not None:
+            return (f"tune {label}: {typed[searched.key]} sets a value the tune searches ({searched.describe()}); "
+                    "drop it")
         study_dir = Path(str(cfg.tune.dir)) / label
         check_writable(study_dir, "tune.dir")
         cell = self.checker.check_cells([overrides + [self.dir_override(study_dir)]])[0]

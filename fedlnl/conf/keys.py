@@ -32,8 +32,9 @@ LEGACY_VALUES = {"compile": False}
 
 #: command-line overrides left out of a sweep cell's directory name (``${cell_dir_excluded:}``): the
 #: result-neutral keys and the logger's mode; the preset selectors (the sweep directory is named after
-#: the preset); the launcher's job count; and ``threads``, which the SLURM launcher sets from each
-#: allocation (``tune.*``: a tune's budget, not its trials' configs): a cell run again with another thread count finds its own directory, whose config hash
-#: differs, and is refused with the difference named rather than trained a second time beside it.
+#: the preset); the launcher's job count; a tune's budget and directories (``tune.*``: not its trials'
+#: configs); and ``threads``, which the SLURM launcher sets from each allocation: a cell run again
+#: with another thread count finds its own directory, whose config hash differs, and is refused with
+#: the difference named rather than trained a second time beside it.
 CELL_DIR_EXCLUDED = (*NON_RESULT_KEYS, "logger.mode", "experiment", "paper", "threads", "hydra.launcher.n_jobs",
                      "tune.trials", "tune.seed", "tune.root", "tune.dir")

@@ -141,8 +141,8 @@ class FedNoRoParams(DetectionParams):
 
     lambda_: float = param("a: the KD weight λ after the ramp",
                            rule(number, lambda v: 0 <= v <= 1, "a loss weight λ in [0, 1]"), convert=float,
-                           search=linear(0.1, 1.0, "our choice: around the code's a = 0.8, within the weight's "
-                                                   "[0, 1] (the paper's method section was not available, methods.md §18)"))
+                           search=linear(0.1, 1.0, "our choice: around the code's a = 0.8, within the weight's [0, 1] "
+                                                   "(the paper's method section was not available, methods.md §18)"))
     lambda_rampup: bool = param("λ rises as a·exp(−5(1 − s)²) (false: λ = a from the start)", rule(flag))
     rampup_begin: int = param("t0 of the λ ramp, an absolute round", rule(integer, 0))
     rampup_rounds: int = param("R: rounds of the λ ramp", rule(integer, 0))
