@@ -211,18 +211,43 @@ def tune_cmd(root, *extra) -> list[str]:
             "hydra.launcher.n_jobs=1", f"tune.root={root}", *extra]
 
 
-def test_a_tune_without_validation_or_of_a_grid_is_refused_before_any_trial(tmp_path):
-    no_val = ["selection.val_share=0"] if has_validation() else []
-    for extra, message in ((no_val, "selection.val_share=0: experiment=tune maximises the noisy-validation accuracy"),
-                           (["seed=0,1"], "seed=0,1 is a sweep: experiment=tune searches the declared spaces"),
-                           (["fl.lr=0.1"], "tune fedavg: fl.lr=0.1 sets a value the tune searches"),
-                           (["tuned=x"], "tuned=x does not combine with experiment=tune")):
-        if extra == ["fl.lr=0.1"] and not has_validation():
-            continue  # checked after the validation set
-        proc = cli(*tune_cmd(tmp_path / "r", *extra), cwd=tmp_path)
-        assert proc.returncode == 2, proc.stderr[-2000:]
-        assert message in proc.stderr
-        assert not (tmp_path / "r").exists() and not (tmp_path / "results").exists()
+def test_a_tune_without_validation_is_refused_before_any_trial(tmp_path):
+    extra = ["selection.val_share=0"] if has_validation() else []
+    proc = cli(*tune_cmd(tmp_path / "r", *extra), cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "fedlnl-run: error: selection.val_share=0: experiment=tune maximises the noisy-validation accuracy "
+        "(selected_val_acc) and this config holds no validation set; set selection.val_share=0.1 (never the test set)")
+    assert not (tmp_path / "r").exists() and not (tmp_path / "results").exists()
+
+
+def tuning_sweeper():
+    import types
+
+    from fedlnl.benchmark.tune import TuningSweeperImpl
+
+    sweeper = TuningSweeperImpl(sampler=None, direction="maximize", storage=None, study_name=None, n_trials=2,
+                                n_jobs=1, max_failure_rate=0.0, search_space=None, custom_search_space=None, params=None)
+    sweeper.hydra_context = types.SimpleNamespace(config_loader=None)
+    return sweeper
+
+
+def test_a_tune_runs_one_study_per_method_and_refuses_any_other_sweep():
+    split = tuning_sweeper().split
+    assert split(["experiment=tune", "method=fedavg,fedprox", "seed=2"]) == (
+        [["method=fedavg"], ["method=fedprox"]], ["experiment=tune", "seed=2"])
+    assert split(["experiment=tune", "method=fedavg"]) == ([[]], ["experiment=tune", "method=fedavg"])
+    for args, message in ((["seed=0,1"], "seed=0,1 is a sweep: experiment=tune searches the declared spaces"),
+                          (["tuned=x"], "tuned=x does not combine with experiment=tune")):
+        with pytest.raises(ConfigError, match=message):
+            split(["experiment=tune", *args])
+
+
+@needs_validation
+def test_a_fixed_value_of_a_searched_key_is_refused(tmp_path):
+    proc = cli(*tune_cmd(tmp_path / "r", "fl.lr=0.1"), cwd=tmp_path)
+    assert proc.returncode == 2 and "tune fedavg: fl.lr=0.1 sets a value the tune searches" in proc.stderr
+    assert not (tmp_path / "r").exists()
 
 
 #: run a tune in this process with the digits test labels permuted (the source debug=tiny loads)
