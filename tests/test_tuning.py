@@ -118,6 +118,15 @@ def test_the_user_guide_table_is_the_declarations():
         assert line in guide, f"docs/user-guide.md lacks the row: {line}"
 
 
+def test_the_objective_is_the_validation_figure_and_a_diverged_trial_scores_zero():
+    summary = {"status": "complete", "selected_val_acc": 0.61, "best_acc": 0.9, "selected_acc": 0.8}
+    assert tuning.objective(summary) == 0.61
+    assert tuning.objective({**summary, "status": "diverged", "selected_val_acc": None}) == 0.0
+    for bad in ({**summary, "selected_val_acc": None}, {**summary, "status": "running"}):
+        with pytest.raises(RuntimeError):
+            tuning.objective(bad)
+
+
 # ------------------------------------------------------------------------------ tuned=
 def results(path: Path, method: str, values: dict, trials: int = 5) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
