@@ -274,6 +274,19 @@ def check_argv(argv: list[str]) -> str | None:
     return _compose_problem(first_values + [ov.input_line for ov in searchpath])
 
 
+def check_tune(argv: list[str]) -> str | None:
+    """``experiment=tune`` is a sweep of trials through Hydra's Optuna sweeper: it needs ``-m`` and
+    the ``tune`` extra installed."""
+    import importlib.util
+
+    if not any(a in ("-m", "--multirun") for a in argv) and not any(
+            a in ("--cfg", "-c", "--info", "-i", "--help", "-h") for a in argv):
+        return "experiment=tune runs a study of trials: add -m (fedlnl-run -m experiment=tune method=<name>)"
+    if any(importlib.util.find_spec(m) is None for m in ("optuna", "hydra_plugins.hydra_optuna_sweeper")):
+        return "experiment=tune needs Hydra's Optuna sweeper: pip install -e '.[tune]' (hydra-optuna-sweeper)"
+    return None
+
+
 def _search_roots(entries) -> tuple[Path, ...]:
     """The folders of ``hydra.searchpath`` entries ``file://DIR`` and ``pkg://PACKAGE[/SUB]``."""
     import importlib.util

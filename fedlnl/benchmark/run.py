@@ -18,7 +18,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from fedlnl.conf import resolvers  # noqa: F401  (registers ${fidelity:...})
-from fedlnl.benchmark import compose, device, preflight
+from fedlnl.benchmark import compose, device, preflight, tuning
 from fedlnl.benchmark.lock import CellLock
 from fedlnl.benchmark.rundir import check_identity, check_run_dir, config_hash
 from fedlnl.benchmark.runner import run
@@ -102,7 +102,10 @@ def _hydra_main(cfg: DictConfig) -> float | None:
     group = Path(hc.sweep.dir).name if hc.mode.name == "MULTIRUN" else "single"
     out = Path(hc.runtime.output_dir)
     try:
-        summary = run(cfg, out, method_label(hc), group=f"{cfg.name}/{group}", typed=list(hc.overrides.task))
+        typed = list(hc.overrides.task)
+        tuned, applied = tuning.apply(cfg, method_label(hc), compose.typed_keys(typed))
+        summary = run(cfg, out, method_label(hc), group=f"{cfg.name}/{group}",
+                      typed=typed + [f"{k}={v}" for k, v in applied.items()], tuned=tuned)
     except ConfigError as err:
         remove_made_dirs(out)
         print(f"fedlnl-run: error: {err}", file=sys.stderr)
@@ -125,7 +128,14 @@ def _hydra_main(cfg: DictConfig) -> float | None:
         print(f"fedlnl-run: error: {out} is being trained by another process ({CellLock(out).describe()}); "
               "this run did nothing", file=sys.stderr)
         sys.exit(1)
+    if in_tune(hc):  # the value Optuna maximises: noisy validation, never a test figure
+        return tuning.objective(summary)
     return summary.get("best_acc")
+
+
+def in_tune(hc) -> bool:
+    """Whether this job is a trial of ``experiment=tune`` (its sweeper is the tuning sweeper)."""
+    return hc.mode.name == "MULTIRUN" and "TuningSweeper" in str(hc.sweeper.get("_target_", ""))
 
 
 def presets_help() -> str:
@@ -160,8 +170,10 @@ def precheck(argv: list[str]) -> int | None:
     shown.setFormatter(logging.Formatter("fedlnl-run: warning: %(message)s"))
     log.addHandler(shown)
     try:
+        typed = compose.typed_keys([o for o in overrides if not o.startswith("hydra")])
+        _record, applied = tuning.apply(cfg, method_label(cfg.hydra), typed)
         job = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"])
-        method = preflight.check_cell(job, compose.typed_keys([o for o in overrides if not o.startswith("hydra")]))
+        method = preflight.check_cell(job, {**typed, **applied})
         device.check_threads(job)
         resolved = OmegaConf.to_container(job, resolve=True)
         template = str(OmegaConf.to_container(cfg.hydra.run, resolve=False)["dir"])
@@ -259,6 +271,11 @@ def _main() -> None:
     if problem:
         print(f"fedlnl-run: error: {problem}", file=sys.stderr)
         sys.exit(2)
+    if "experiment=tune" in argv or "experiment=tune_small" in argv:
+        problem = preflight.check_tune(argv)
+        if problem:
+            print(f"fedlnl-run: error: {problem}", file=sys.stderr)
+            sys.exit(2)
     plain = not any(a in ("-m", "--multirun", "--cfg", "-c", "--info", "-i", "--help", "-h", "--hydra-help",
                           "--version", "--shell-completion", "-sc", "--experimental-rerun") for a in argv)
     if plain:

@@ -66,8 +66,9 @@ def model_name(cfg: DictConfig) -> str:
 class Runner:
     """Owns the loop; a method only sees client views and the round context."""
 
-    def __init__(self, cfg: DictConfig, run_dir: Path, method_name: str, group: str, method):
+    def __init__(self, cfg: DictConfig, run_dir: Path, method_name: str, group: str, method, tuned: dict | None = None):
         self.cfg, self.run_dir, self.method_name, self.group = cfg, Path(run_dir), method_name, group
+        self.tuned = tuned  # the values tuned= applied, and where they came from (benchmark/tuning.apply)
         self.method = method  # built and checked by preflight.check_cell, before any data
         self.resolved = OmegaConf.to_container(cfg, resolve=True)
         self.hash = config_hash(self.resolved)
@@ -369,7 +370,7 @@ class Runner:
             "detection": dict(self.scorer.latest), "git_commit": git_commit(),
             "setting": setting_of(self.resolved), "config": self.resolved, "config_hash": self.hash,
             "device": str(self.device), "identity": self.identity, "compile": self.compile_mode,
-            "prefix": self.prefix_from,
+            "prefix": self.prefix_from, "tuned": self.tuned,
         }
         sinks.summary(summary)
         sinks.close(status)
@@ -421,13 +422,14 @@ def _free_name(path: Path) -> Path:
 NOT_STARTED = {"status": "not started", "best_acc": None}
 
 
-def run(cfg: DictConfig, run_dir: Path, method_name: str, group: str = "single", typed=()) -> dict:
+def run(cfg: DictConfig, run_dir: Path, method_name: str, group: str = "single", typed=(),
+        tuned: dict | None = None) -> dict:
     """One run: check everything that needs no data, skip a complete cell, load data and check what
     needs it, then (holding the cell's lock) train. Nothing is written before the last check."""
     if refuse_after_signal():  # a local sweep asked to stop: this cell does not start
         return dict(NOT_STARTED)
     method = preflight.check_cell(cfg, compose.typed_keys(typed))
-    runner = Runner(cfg, run_dir, method_name, group, method)
+    runner = Runner(cfg, run_dir, method_name, group, method, tuned)
     check_run_dir(run_dir, runner.hash, runner.resolved)  # another config's run, a .lock that is no file
     # this config's run recorded on another device kind or determinism mode: never continued or skipped
     check_identity(run_dir, runner.hash, device.run_identity(cfg))

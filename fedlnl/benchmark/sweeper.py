@@ -43,7 +43,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra._internal.config_loader_impl import get_overrides_dirname
 from omegaconf import OmegaConf, open_dict
 
-from fedlnl.benchmark import compose, device, plan, preflight, stop
+from fedlnl.benchmark import compose, device, plan, preflight, stop, tuning
 from fedlnl.benchmark.lock import CellLock
 from fedlnl.benchmark.rundir import (check_identity, check_run_dir, check_writable, completed, config_hash,
                                      read_summary, shared_prefix)
@@ -157,6 +157,7 @@ class ValidatingSweeper(BasicSweeper):  # registered as hydra_plugins.fedlnl_swe
         try:
             cfg = self.hydra_context.config_loader.load_sweep_config(self.config, overrides)
             typed = compose.typed_keys(OmegaConf.to_container(cfg.hydra.overrides.task))
+            typed.update(tuning.apply(cfg, _method_label(cfg), typed)[1])  # tuned=: as if typed
             job = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"])
             method = preflight.check_cell(job, typed)
         except ConfigError as err:

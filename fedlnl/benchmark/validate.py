@@ -154,6 +154,11 @@ def validate(cfg: DictConfig, num_train: int | None = None) -> None:
         value = _get(cfg, key)
         if value is not _MISSING and value is not None and not isinstance(value, str):
             checks.fail(key, value, "a name (text)")
+    tuned = _get(cfg, "tuned")
+    if tuned is not _MISSING and tuned is not None and not isinstance(tuned, str):
+        checks.fail("tuned", tuned, "null or the path of an experiment=tune result (a file or a directory)")
+    _int(cfg, "tune.trials", 1)
+    _int(cfg, "tune.seed", 0)
     name = _get(cfg, "name")
     if isinstance(name, str) and (not name or "/" in name or name in (".", "..") or len(name) > NAME_MAX):
         checks.fail("name", name if len(name) <= 40 else name[:37] + "...",

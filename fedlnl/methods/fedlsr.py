@@ -53,7 +53,7 @@ import torch.nn.functional as F
 
 from fedlnl.conf.checks import choice, flag, nonnegative, positive, unit
 from fedlnl.methods.common import engine, views
-from fedlnl.methods.common.params import Params, param, rule
+from fedlnl.methods.common.params import Params, linear, log_range, param, rule
 from fedlnl.methods.fedavg import FedAvg
 
 CLS_FORMS = ("log", "softmax")
@@ -121,11 +121,17 @@ def lsr_loss(logits1, logits2, labels, omega: float, gamma_t: float, gamma_e: fl
 class FedLSRParams(Params):
     """FedLSR's own numbers (conf/method/fedlsr.yaml names each value's source; docs/methods.md §22.1, LSR-numbers)."""
 
-    gamma: float = param("γ: weight of the JS self-distillation", rule(nonnegative, "a loss weight >= 0"))
+    gamma: float = param("γ: weight of the JS self-distillation", rule(nonnegative, "a loss weight >= 0"),
+                         search=linear(0.0, 1.0, "our choice: around the code's γ = 0.4 (the paper's method section "
+                                                 "was not readable, methods.md §22.1)"))
     gamma_e: float = param("γ_e: weight of L_e (> 0: FedLSR+, 0: the paper's FedLSR)",
-                           rule(nonnegative, "a loss weight >= 0"))
+                           rule(nonnegative, "a loss weight >= 0"),
+                           search=linear(0.0, 1.2, "our choice: 0 (FedLSR) to twice the code's 0.6 (FedLSR+), "
+                                                   "methods.md §22.1"))
     inv_T_d: float = param("1/T_d: the logits are multiplied by it before the softmax",
-                           rule(positive, "an inverse temperature 1/T_d > 0"))
+                           rule(positive, "an inverse temperature 1/T_d > 0"),
+                           search=log_range(1.0, 9.0, "our choice: ×/÷ 3 around the code's 1/T_d = 3 (an empirical "
+                                                      "value, methods.md §22.1)"))
     sharpen_T: float = param("T of the sharpening p^(1/T)", rule(positive, "a sharpening temperature > 0"))
     warmup_ratio: float = param("t_w = warmup_ratio·rounds: γ ramps up linearly before",
                                 rule(unit, "a share of the rounds in [0, 1]"))

@@ -67,7 +67,7 @@ from fedlnl.conf.checks import flag, integer, number, positive, unit
 from fedlnl.methods.common import engine, semisup
 from fedlnl.methods.common.protocol import ClientUpdate, UpdatePlan, local_steps
 from fedlnl.methods.common.stores import ModelCache
-from fedlnl.methods.common.params import Params, param, rule
+from fedlnl.methods.common.params import Params, ints, linear, param, rule
 from fedlnl.methods.fedavg import FedAvg
 
 
@@ -111,10 +111,15 @@ class FedRNParams(Params):
 
     warmup_ratio: float = param("FedAvg warm-up share of the rounds", rule(unit, "a share of the rounds in [0, 1]"))
     num_neighbors: int = param("K: the most reliable neighbours whose cached models join the GMM ensemble",
-                               rule(integer, 0))
-    w_alpha: float = param("α: weight of expertise vs similarity in the reliability", rule(unit, "a weight α in [0, 1]"))
+                               rule(integer, 0),
+                               search=ints(1, 4, "our choice: FNBench's K = 1 to twice the official K = 2 "
+                                                 "(methods.md §22.2)"))
+    w_alpha: float = param("α: weight of expertise vs similarity in the reliability", rule(unit, "a weight α in [0, 1]"),
+                           search=linear(0.0, 1.0, "our choice: the whole weight range (official argparse 0.5, "
+                                                   "run.sh 0.6; methods.md §22.2)"))
     p_threshold: float = param("clean iff probability > p_threshold",
-                               rule(number, lambda v: 0 < v < 1, "a probability in (0, 1)"))
+                               rule(number, lambda v: 0 < v < 1, "a probability in (0, 1)"),
+                               search=linear(0.3, 0.7, "our choice: around both codes' 0.5 (methods.md §22.2)"))
     gmm_max_iter: int = param("GMM: EM steps at most", rule(integer, 1))
     gmm_tol: float = param("GMM: convergence tolerance", rule(positive))
     gmm_reg_covar: float = param("GMM: variance floor", rule(positive))

@@ -28,6 +28,7 @@ from fedlnl.benchmark.report.metric import (ALIASES, AUTO, METRICS, SELECTED, Me
 from fedlnl.benchmark.report.reference import (add_missing_cells, drop_empty_columns, load_reference, matches,
                                                missing_cells, missing_summary, reference_note, reference_paths,
                                                run_identity)
+from fedlnl.benchmark.report.tuning import tuned_section
 from fedlnl.benchmark.report.tables import (CLEAN_MARK, accuracy_grid, accuracy_table, column_values, comm_latex,
                                             comm_markdown, comm_sections, comm_table, compute_table,
                                             detection_table, effective_diffs, effective_warnings, incomplete_runs,
@@ -117,7 +118,7 @@ def write_report(frame: pd.DataFrame, out: Path, rows: str = "method", by: Seque
     _write_statistics(rep, out, rows, draw=figures != "none")
     if figures != "none":
         write_figures(frame, out, rows, by, figures, metric.curve)
-    text = main_text(rep)
+    text = main_text(rep) + tuned_section(frame, rows)
     (out / "accuracy.md").write_text(text + "\nThe full notes: notes.md; statistics: stats.md.\n")
     (out / "notes.md").write_text(notes_markdown(rep))
     html.write_html(rep, out)
