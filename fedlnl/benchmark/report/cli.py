@@ -28,12 +28,12 @@ from fedlnl.benchmark.report.metric import (ALIASES, AUTO, METRICS, SELECTED, Me
 from fedlnl.benchmark.report.reference import (add_missing_cells, drop_empty_columns, load_reference, matches,
                                                missing_cells, missing_summary, reference_note, reference_paths,
                                                run_identity)
-from fedlnl.benchmark.report.tuning import tuned_section
 from fedlnl.benchmark.report.tables import (CLEAN_MARK, accuracy_grid, accuracy_table, column_values, comm_latex,
                                             comm_markdown, comm_sections, comm_table, compute_table,
                                             detection_table, effective_diffs, effective_warnings, incomplete_runs,
                                             missing_seeds, noise_markdown, noise_table, score_grid, stats_caption,
                                             sweep_cpu_hours, to_latex, to_markdown, with_family)
+from fedlnl.benchmark.report.tuning import tuned_section
 
 log = logging.getLogger(__name__)
 
