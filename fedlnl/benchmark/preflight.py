@@ -242,6 +242,7 @@ def check_argv(argv: list[str]) -> str | None:
     if not items:
         return None
     from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.core.override_parser.types import ValueType
 
     try:
         parsed = OverridesParser.create().parse_overrides(items)
@@ -255,8 +256,12 @@ def check_argv(argv: list[str]) -> str | None:
     first_values = []
     for ov in parsed:
         key = ov.key_or_group.split("@", 1)[0]
-        values = [str(v) for v in ov.sweep_string_iterator()] if ov.is_sweep_override() else (
-            [ov.get_value_element_as_str()] if not ov.is_delete() else [])
+        if ov.value_type == ValueType.GLOB_CHOICE_SWEEP:  # glob(*): the group's names (Hydra's own loader expands it)
+            values = ov.value().filter(sorted(options(key, roots))) if key in GROUPS else []
+        elif ov.is_sweep_override():
+            values = [str(v) for v in ov.sweep_string_iterator()]
+        else:
+            values = [ov.get_value_element_as_str()] if not ov.is_delete() else []
         if ov.is_sweep_override() and not ov.is_discrete_sweep():
             values = []  # ranges / intervals: left to Hydra
         group = "method" if key.startswith("method@") or ov.key_or_group.startswith("method@") else key
