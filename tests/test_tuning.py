@@ -159,6 +159,20 @@ def test_tuned_sets_the_values_as_typed_and_moves_the_hash(tmp_path):
     assert config_hash(OmegaConf.to_container(typed, resolve=True)) == hashes[0]
 
 
+def test_a_bare_name_is_a_committed_tuning_unless_a_path_of_that_name_exists(tmp_path, monkeypatch):
+    root = tmp_path / "pkg"
+    results(root / "mine" / "fedprox" / tuning.RESULTS, "fedprox", {"fl.lr": 0.02})
+    monkeypatch.setattr(tuning, "TUNED_ROOT", root)
+    monkeypatch.setattr(tuning, "COMMITTED", ["mine"])
+    monkeypatch.chdir(tmp_path)
+    assert tuning.results_file("mine", "fedprox") == (root / "mine" / "fedprox" / tuning.RESULTS,
+                                                      f"fedprox/{tuning.RESULTS}")
+    results(tmp_path / "mine" / tuning.RESULTS, "fedprox", {"fl.lr": 0.03})  # a path of that name wins
+    assert tuning.results_file("mine", "fedprox") == (Path("mine") / tuning.RESULTS, tuning.RESULTS)
+    with pytest.raises(ConfigError, match=r"a committed tuning: mine\)$"):
+        tuning.results_file("other", "fedprox")
+
+
 @pytest.mark.parametrize("case, message", [
     ("missing", "no such file or directory"),
     ("other_method", "holds the tuned values of method fedavg, not of this run's method fedprox"),

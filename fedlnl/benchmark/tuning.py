@@ -144,13 +144,26 @@ def override_value(value) -> str:
 
 
 # ------------------------------------------------------------------------------------ tuned=
+#: tunings shipped with the package (fedlnl/tuned/<name>/<method>/optimization_results.yaml): a bare
+#: name in ``tuned=`` that is no path here names one (experiment=quickstart uses ``tuned=quickstart``)
+TUNED_ROOT = Path(__file__).resolve().parent.parent / "tuned"
+COMMITTED = sorted(p.name for p in TUNED_ROOT.iterdir() if p.is_dir()) if TUNED_ROOT.is_dir() else []
+
+
+def committed(name: str) -> Path | None:
+    """The directory of the committed tuning ``name`` (a bare name, no path separator), else None."""
+    return TUNED_ROOT / name if name in COMMITTED else None
+
+
 def results_file(where: str, method: str) -> tuple[Path, str]:
     """(the results file of ``method``, its path relative to ``where``) for ``tuned=<where>``: a
     results file, a study directory of one method, or a directory holding one per method."""
     root = Path(str(where)).expanduser()
+    if not root.exists() and committed(str(where)) is not None:
+        root = committed(str(where))
     if not root.exists():
-        raise ConfigError(f"tuned={where} is invalid: no such file or directory (give an {RESULTS} or the "
-                          f"directory of an experiment=tune run)")
+        raise ConfigError(f"tuned={where} is invalid: no such file or directory (give an {RESULTS}, the "
+                          f"directory of an experiment=tune run, or a committed tuning: {', '.join(COMMITTED)})")
     if root.is_file():
         return root, root.name
     for candidate in (root / RESULTS, root / method / RESULTS):
