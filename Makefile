@@ -18,7 +18,7 @@ install: $(STAMP)
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q $(TORCH)
-	$(PY) -m pip install -q -e '.[test,launchers]'
+	$(PY) -m pip install -q -e '.[test,launchers,tune]'
 	touch $(STAMP)
 
 # The quickstart: every method x noise {(0,0), (0.6,0.5)} x 2 seeds on the offline digits dataset,

@@ -7,7 +7,9 @@ training and test images (uint8, NCHW, in the suite's sample order: the original
 ``cifar10_jpeg``), so the external code need not re-read the image files.
 
 Written (one ``.npz``): ``client_offsets`` [N+1] and ``client_indices`` (client k holds
-``client_indices[client_offsets[k]:client_offsets[k+1]]``, global training indices), ``labels``
+``client_indices[client_offsets[k]:client_offsets[k+1]]``, global training indices), likewise
+``val_offsets`` and ``val_indices`` (each client's held-out validation samples, ``selection.val_share``:
+not trained on; empty at 0), ``labels``
 (observed, noisy), ``clean_labels``, ``mu`` (sampled noise level per client), ``realized_rate``,
 ``noisy_client``, ``y_test``, ``federation_hash``, ``config`` (the composed config as YAML), and with
 ``--images`` ``x_train``/``x_test``, ``mean``/``std``. The clean labels are the oracle's: for scoring
@@ -27,17 +29,22 @@ import numpy as np
 from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 
+from fedlnl.benchmark.selection import SelectionSettings
 from fedlnl.datasets.federation import build_federation
 
 
 def export(overrides: list[str], out: Path, images: bool) -> dict:
     with initialize_config_module(config_module="fedlnl.conf", version_base=None):
         cfg = compose(config_name="config", overrides=overrides)
-    fed = build_federation(cfg.dataset, cfg.partition, cfg.noise, cfg.fl.num_clients, cfg.seed)
+    sel = SelectionSettings.of(cfg.get("selection"))
+    fed = build_federation(cfg.dataset, cfg.partition, cfg.noise, cfg.fl.num_clients, cfg.seed, sel.val_share,
+                           sel.client_test_size)
     sizes = np.array([len(ix) for ix in fed.client_indices], dtype=np.int64)
     arrays = {
         "client_offsets": np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64),
         "client_indices": np.concatenate(fed.client_indices).astype(np.int64),
+        "val_offsets": np.concatenate([[0], np.cumsum(fed.val_sizes)]).astype(np.int64),
+        "val_indices": np.concatenate([np.zeros(0, np.int64), *fed.client_val]).astype(np.int64),
         "labels": fed.labels.numpy().astype(np.int64),
         "clean_labels": fed.oracle.clean_labels.numpy().astype(np.int64),
         "mu": np.asarray(fed.oracle.mu, np.float64),

@@ -186,7 +186,9 @@ def test_new_options_sweep_plan_run_and_closed_form(tmp_path, overrides, cells, 
     table = fake_cifar10n(tmp_path / "c10n.pt") if "noise=cifarn" in overrides else None
     overrides = [o.replace("FAKE", str(tmp_path / "c10n.pt")) for o in overrides]
     sweep = tmp_path / "sweep"
-    args = ["-m", *overrides, *TINY, "fl.rounds=1", f"hydra.sweep.dir={sweep}"]
+    # selection.val_share=0: the closed forms are over each client's whole partition (a validation split
+    # would hold out a random part of it)
+    args = ["-m", *overrides, *TINY, "fl.rounds=1", "selection.val_share=0", f"hydra.sweep.dir={sweep}"]
     out = plan(args, sweep, tmp_path)
     assert f"{cells} cells, 0 complete, {cells} to run" in out
     assert not sweep.exists() or not any(sweep.iterdir())  # a plan writes nothing

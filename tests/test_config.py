@@ -137,6 +137,13 @@ def test_misspelt_option_names_are_refused_with_the_available_ones(group):
     assert preflight.check_argv(["+method@method.stage3=fedprx"]).startswith("method=fedprx is invalid")
 
 
+def test_a_glob_of_a_group_is_expanded_not_a_traceback():
+    """``method=glob(...)`` typed on the command line: Hydra's parser cannot expand a glob without its
+    config loader; the check expands it against the group's names (it raised HydraException before)."""
+    assert preflight.check_argv(["-m", "method=glob(*)"]) is None
+    assert preflight.check_argv(["-m", "method=glob(fed*)", "noise=glob(sym*)"]) is None
+
+
 def test_contradicting_pairs_are_refused():
     for overrides, key in ((["noise.rho_tau=[0.6,0.5]", "noise.rho=0.2"], "noise.rho=0.2 contradicts"),
                            (["partition=noniid", "partition.p_alpha=[0.7,10]", "partition.alpha=1"],

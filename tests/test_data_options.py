@@ -256,8 +256,9 @@ def test_new_settings_run_tiny_and_enter_the_hash(tmp_path, overrides, change):
     cfg = compose_cfg(["debug=tiny", *overrides])
     check_options(cfg.dataset, cfg.partition, cfg.noise)
 
-    def fed(c, seed):
-        return build_federation(c.dataset, c.partition, c.noise, c.fl.num_clients, seed)
+    def fed(c, seed):  # the run's federation: its validation split (selection) included
+        return build_federation(c.dataset, c.partition, c.noise, c.fl.num_clients, seed, c.selection.val_share,
+                                c.selection.client_test_size)
 
     base = fed(cfg, cfg.seed)
     assert s["federation_hash"] == base.hash

@@ -14,6 +14,10 @@ from fedlnl.benchmark.plan import plan_config
 from fedlnl.methods.common.engine import cohort_size
 
 EXPERIMENTS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
+#: the comparisons (a grid of methods); the tunes (experiment=tune, tune_small) search one cell of a
+#: comparison's setting per method, their budget is tune.trials (tests/test_tuning.py)
+COMPARISONS = [n for n in EXPERIMENTS if OmegaConf.select(OmegaConf.load(CONF / "experiment" / f"{n}.yaml"),
+                                                           "hydra.sweeper.params.method") is not None]
 
 
 def swept_methods(name: str) -> list[str]:
@@ -22,7 +26,7 @@ def swept_methods(name: str) -> list[str]:
     return method_names() if spec == "glob(*)" else [m.strip() for m in spec.split(",")]
 
 
-@pytest.mark.parametrize("name", EXPERIMENTS)
+@pytest.mark.parametrize("name", COMPARISONS)
 def test_every_federated_method_of_an_experiment_gets_the_same_participation_budget(name):
     # the digits data stand in for the experiment's dataset: a participation count depends on the
     # schedule and the number of clients, not on the images (the federation keeps its client count)

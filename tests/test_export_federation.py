@@ -22,7 +22,9 @@ def test_exported_federation_is_the_one_the_run_trains_on(tmp_path):
     z = np.load(out)
     assert str(z["federation_hash"]) == info["hash"] == summary["federation_hash"]
     offsets, idx = z["client_offsets"], z["client_indices"]
-    assert offsets[0] == 0 and offsets[-1] == len(idx) == len(np.unique(idx)) == len(z["labels"])
+    val = z["val_indices"]  # the clients' validation samples (selection.val_share): every sample is in one set
+    assert offsets[0] == 0 and offsets[-1] == len(idx) and z["val_offsets"][-1] == len(val) > 0
+    assert len(idx) + len(val) == len(np.unique(np.concatenate([idx, val]))) == len(z["labels"])
     noisy = z["labels"] != z["clean_labels"]
     assert noisy.any() and info["noise_rate"] == noisy.mean()
     for k in np.flatnonzero(~z["noisy_client"]):  # a clean client's labels are all clean

@@ -368,6 +368,8 @@ def test_variant_runs_end_to_end(tmp_path, name):
     assert {"client_f1", "mu_mae", "sample_f1"} <= set(s["detection"])
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["stage"] for r in rows] == ["warmup"] * 6 + ["training"] * 4
-    # bytes: the filter upload (3 two-vectors of float64) is counted unless the filter stays local
-    model_bytes = rows[0]["bytes_up"]
-    assert rows[-1]["bytes_up"] - 18 * model_bytes == (0 if name == "local_filter" else 12 * 48)
+    # bytes: the filter upload (3 two-vectors of float64) is counted unless the filter stays local; each
+    # of the 10 evaluations adds the 6 clients' validation counts (16 bytes each, selection.val_share)
+    reports = 6 * 16
+    model_bytes = rows[0]["bytes_up"] - reports
+    assert rows[-1]["bytes_up"] - 18 * model_bytes - 10 * reports == (0 if name == "local_filter" else 12 * 48)

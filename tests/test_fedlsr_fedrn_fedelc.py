@@ -13,20 +13,31 @@ from fedlnl.methods.common import views
 from fedlnl.methods.common.stores import ModelCache, SampleStore
 
 SWITCHES = [  # (method, key, the inferred paper form, the code's form = the default in both fidelities)
-    ("fedlsr", "cls_form", "log", "softmax"), ("fedlsr", "entropy_form", "views", "code"),
-    ("fedlsr", "js_reduction", "batchmean", "mean"), ("fedlsr", "view_per_sample", True, False),
+    ("fedlsr", "entropy_form", "views", "code"), ("fedlsr", "view_per_sample", True, False),
     ("fedlsr", "view_space", "pixels", "normalised"), ("fedrn", "score_augment", False, True),
     ("fedelc", "distance", "l2", "sum_of_norms"), ("fedelc", "gmm_votes", 1, 9),
     ("fedelc", "detect_augment", False, True), ("fedelc", "gmm_seeds", "run", "fixed"),
+]
+FIDELITY_SWITCHES = [  # (method, key, fidelity=paper, fidelity=reference = the official code's form)
+    ("fedlsr", "cls_form", "log", "softmax"),  # slides p. 8 and Figure 4: CE(p_s, y) on probabilities
+    ("fedlsr", "js_reduction", "batchmean", "mean"),  # slides p. 9: KL summed over the classes
+    ("fedrn", "neighbour_cache", "aggregation", "immediate"),
 ]
 
 
 @pytest.mark.parametrize("method, key, paper, code", SWITCHES)
 def test_defaults_are_the_codes_forms_and_the_paper_forms_are_settable(method, key, paper, code):
-    # the papers' text was not available: the code's forms are the defaults in both fidelities
+    # the papers' text was not available for these: the code's forms are the defaults in both fidelities
     assert compose_cfg([f"method={method}"]).method[key] == code
     assert compose_cfg([f"method={method}", "fidelity=reference"]).method[key] == code
     assert compose_cfg([f"method={method}", f"method.{key}={paper}"]).method[key] == paper
+
+
+@pytest.mark.parametrize("method, key, paper, reference", FIDELITY_SWITCHES)
+def test_switches_follow_fidelity(method, key, paper, reference):
+    assert compose_cfg([f"method={method}"]).method[key] == paper
+    assert compose_cfg([f"method={method}", "fidelity=reference"]).method[key] == reference
+    assert compose_cfg([f"method={method}", f"method.{key}={reference}"]).method[key] == reference
 
 
 # ----------------------------------------------------------------------------------- FedLSR
@@ -61,6 +72,58 @@ def test_fedlsr_js_entropy_and_total_loss_on_a_hand_made_pair():
                             entropy_form="views", js_reduction="batchmean")
     want = -math.log(25 / 34) + 0.2 * js + 0.6 * 0.5 * (h((.75, .25)) + h((.5, .5)))
     assert total.item() == pytest.approx(want, rel=1e-5)
+
+
+def test_fedlsr_classification_loss_on_probabilities_makes_a_noisy_label_costlier_after_sharpening():
+    """Figure 4's caption (slides p. 8): when the model predicts the true class and y is a noisy label,
+    CE(p_s, y) exceeds CE(p1, y), CE(p2, y) and CE(p, y): CE of probability vectors, −log p[y]."""
+    l1, l2 = torch.tensor([[0.0, math.log(3 / 7)]]), torch.tensor([[0.0, math.log(4 / 6)]])  # (.7, .3), (.6, .4)
+    y = torch.tensor([1])  # the noisy label
+    p_s = fedlsr.sharpened_mixture(l1, l2, 0.5, 0.5)  # p = (.65, .35) -> p² ∝ (.4225, .1225)
+    assert torch.allclose(p_s, torch.tensor([[0.4225 / 0.545, 0.1225 / 0.545]]), atol=1e-6)
+    ce = fedlsr.cls_loss(p_s, y, "log").item()
+    assert ce == pytest.approx(-math.log(0.1225 / 0.545), rel=1e-6)
+    assert ce > max(-math.log(0.3), -math.log(0.4), -math.log(0.35))
+    # the code's form reads p_s as logits: −log softmax(p_s)_1 = log(1 + e^{p_s0 − p_s1}), within [log(1 + e^{-1}), log(1 + e)]
+    code = fedlsr.cls_loss(p_s, y, "softmax").item()
+    assert code == pytest.approx(math.log1p(math.exp((0.4225 - 0.1225) / 0.545)), rel=1e-6)
+    assert math.log1p(math.exp(-1)) < code < math.log1p(math.e) and code < ce
+
+
+def test_fedlsr_js_is_against_the_views_mean_not_the_uniform_distribution():
+    """Slides p. 9: JS(q1, q2) = ½(KL(q1 ‖ U) + KL(q2 ‖ U)) with U = (q1 + q2)/2 (the code's JS function,
+    per the author in issue #3): zero for two equal views, where a KL to the uniform would not be."""
+    q = fedlsr.tempered(L1, 1.0)  # (3/4, 1/4)
+    assert fedlsr.js_divergence(q, q, "batchmean").item() == pytest.approx(0.0, abs=1e-7)
+    kl_uniform = 0.75 * math.log(0.75 / 0.5) + 0.25 * math.log(0.25 / 0.5)
+    assert kl_uniform > 0.13
+    # two samples: the batch mean of the per-sample sums (paper) and the mean over B·C entries (code)
+    q1 = torch.tensor([[0.75, 0.25], [0.5, 0.5]])
+    q2 = torch.tensor([[0.25, 0.75], [0.5, 0.5]])
+    js0 = 0.5 * (0.75 * math.log(0.75 / 0.5) + 0.25 * math.log(0.25 / 0.5)) * 2  # m = (1/2, 1/2)
+    assert fedlsr.js_divergence(q1, q2, "batchmean").item() == pytest.approx(js0 / 2, rel=1e-6)
+    assert fedlsr.js_divergence(q1, q2, "mean").item() == pytest.approx(js0 / 4, rel=1e-6)
+
+
+@pytest.mark.parametrize("fidelity, cls, js", [("paper", "log", "batchmean"), ("reference", "softmax", "mean")])
+def test_fedlsr_built_from_the_config_uses_its_fidelitys_loss(fidelity, cls, js):
+    from conftest import build_method
+
+    m = build_method(compose_cfg(["method=fedlsr", f"fidelity={fidelity}"]))
+    assert (m.cls_form, m.js_reduction, m.entropy_form) == (cls, js, "code")
+    y = torch.tensor([0])
+    got = fedlsr.lsr_loss(L1, L2, y, 0.5, m.gamma, m.gamma_e, T=m.sharpen_T, inv_T_d=1.0, cls_form=m.cls_form,
+                          entropy_form=m.entropy_form, js_reduction=m.js_reduction)
+    p_s = torch.tensor([[25 / 34, 9 / 34]])
+    m_ = (5 / 8, 3 / 8)
+    js_sum = 0.5 * sum(a * math.log(a / b) for a, b in zip((3 / 4, 1 / 4), m_)) + \
+        0.5 * sum(a * math.log(a / b) for a, b in zip((1 / 2, 1 / 2), m_))
+    cls_value = -math.log(25 / 34) if cls == "log" else math.log1p(math.exp(-16 / 34))
+    js_value = js_sum if js == "batchmean" else js_sum / 2
+    s = torch.softmax(torch.tensor([0.75, 0.25]), 0)
+    entropy = float(-(s * s.log()).sum())
+    assert p_s.sum() == pytest.approx(1.0)
+    assert got.item() == pytest.approx(cls_value + 0.4 * js_value + 0.6 * entropy, rel=1e-5)
 
 
 def test_fedlsr_warmup_schedule():
@@ -156,6 +219,35 @@ def test_model_cache_and_sample_store():
     assert store.get(torch.tensor([2, 5]), lambda m: 1 / 0).tolist() == [[7, 8], [5, 5]]  # no re-init
 
 
+@pytest.mark.parametrize("cache, second_sees", [("aggregation", 1), ("immediate", 2)])
+def test_fedrn_neighbour_trained_earlier_in_the_round_is_chosen_only_when_immediate(tmp_path, cache, second_sees):
+    """Round 0 (warm-up): client 0 trains and is cached. Round 1: clients 1 then 2, K = 10. With the
+    cache updated at aggregation both see one candidate (client 0); with ``immediate`` (the code)
+    client 2 also sees client 1, trained earlier in the same round."""
+    from conftest import build_method
+    from fedlnl.benchmark.runner import Runner
+
+    cfg = compose_cfg(["method=fedrn", "debug=tiny", "logger=none", "device=cpu", "method.num_neighbors=10",
+                       f"method.neighbour_cache={cache}"])
+    method = build_method(cfg)
+    runner = Runner(cfg, tmp_path, "fedrn", "g", method)
+    runner.prepare()
+    state = method.init(runner.model, runner.info, runner.context(0))
+    assert method.warmup_rounds(runner.context(0)) == 1
+    state, _ = method.aggregate(state, [method.client_update(state, runner.view(0), runner.context(0))],
+                                runner.context(0))
+    ctx = runner.context(1)
+    first = method.client_update(state, runner.view(1), ctx)
+    assert (1 in state["cache"]) == (cache == "immediate")
+    if cache == "immediate":  # the cache holds exactly what client 1 uploads
+        assert all(torch.equal(state["cache"].weights(1)[n], t.cpu()) for n, t in first.weights.items())
+        assert state["cache"].record(1, "expertise") == first.payload["expertise"]
+    second = method.client_update(state, runner.view(2), ctx)
+    assert (first.metrics["neighbour_models"], second.metrics["neighbour_models"]) == (1, second_sees)
+    state, metrics = method.aggregate(state, [first, second], ctx)
+    assert state["cache"].clients() == [0, 1, 2] and metrics["neighbour_models"] == 1 + second_sees
+
+
 def test_fedrn_counts_the_neighbour_downloads(tmp_path):
     import json
 
@@ -165,7 +257,8 @@ def test_fedrn_counts_the_neighbour_downloads(tmp_path):
     later = rows[1:]
     assert all(r["stage"] == "neighbours" and r["neighbour_models"] > 0 for r in later)
     # every extra model is a full state dict: bytes per model = the upload's weight bytes
-    model_bytes = (rows[0]["bytes_up"] / 3) - 4 * 11  # 3 uploads a round, each + e_k + 10 logits
+    # 3 uploads a round, each + e_k + 10 logits; the 6 clients' validation counts (16 bytes each)
+    model_bytes = ((rows[0]["bytes_up"] - 6 * 16) / 3) - 4 * 11
     assert rows[-1]["bytes_down_extra"] == pytest.approx(sum(r["neighbour_models"] for r in later) * model_bytes)
     assert s["status"] == "complete" and "sample_f1" in s["detection"]
 

@@ -159,3 +159,41 @@ def test_slurm_launcher_waits_for_a_task_the_accounting_ends_while_the_queue_lis
     assert asked == ["squeue"] * (len(looks) + 1)  # over at the first look without it, not before
     (tmp_path / "8_result.pkl").write_bytes(b"")
     assert sl._wait([_Task("8", tmp_path / "8_result.pkl")]) == set() and len(asked) == len(looks) + 1
+
+
+def test_a_locked_cell_is_passed_over_before_hydra_writes_and_a_slurm_task_does_so_too(tmp_path, monkeypatch):
+    """``guarded_run_job``: a cell whose lock a live process holds gets a JobReturn saying so and
+    nothing written (Hydra's run_job is never called); a SLURM task runs its cell through it."""
+    import signal
+    import socket
+
+    pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
+    from hydra.core.utils import JobReturn, JobStatus
+
+    from fedlnl.benchmark import sweeper
+    from hydra_plugins.fedlnl_launchers.slurm_launcher import SlurmLauncher
+
+    cfg = hydra_cfg("seed=1", f"hydra.sweep.dir={tmp_path}")
+    with open_dict(cfg):
+        cfg.hydra.job.override_dirname = "seed=1"
+    cell = tmp_path / "seed=1"
+    cell.mkdir()
+    (cell / ".lock").write_text(json.dumps({"host": socket.gethostname(), "pid": os.getpid()}) + "\n")
+    ret = sweeper.guarded_run_job(hydra_context=None, task_function=None, config=cfg, job_dir_key="hydra.sweep.dir",
+                                  job_subdir_key="hydra.sweep.subdir")
+    assert ret.status == JobStatus.COMPLETED and ret.return_value.startswith(f"{sweeper.NOT_RUN}: locked: pid {os.getpid()}")
+    assert [p.name for p in cell.iterdir()] == [".lock"]
+
+    from hydra_plugins.fedlnl_launchers import slurm_launcher
+
+    seen, task = [], slurm_launcher._SUBMITIT_GLOBALS  # what the plugin's __call__ reads run_job from
+    monkeypatch.setitem(task, "run_job", task["run_job"])  # restored after the test
+    monkeypatch.setattr(SlurmLauncher.__mro__[1], "__call__",
+                        lambda self, *a: seen.append(task["run_job"]) or JobReturn(status=JobStatus.COMPLETED))
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGUSR2, signal.SIGTERM)}
+    try:
+        SlurmLauncher(cpus_per_task=None)(["seed=1"], "hydra.sweep.dir", 0, "job_id_for_0", {})
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+    assert seen == [sweeper.guarded_run_job]

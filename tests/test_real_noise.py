@@ -130,7 +130,8 @@ def test_clothing1m_run_end_to_end(clothing, tmp_path):
     _, kw = clothing
     over = [f"dataset.{k}={v}" for k, v in kw.items()] + [
         "dataset=clothing1m", "model=cnn", "dataset.augment.crop=12", "fl.num_clients=4",
-        "partition=noniid", "fl.batch_size=8", "fl.eval_batch_size=64"]
+        "partition=noniid", "fl.batch_size=8", "fl.eval_batch_size=64",
+        "selection.val_share=0"]  # the counts below are over every training image: none held out
     s = run_tiny(tmp_path / "run", over)
     assert s["status"] == "complete" and s["federation"]["num_noisy_clients"] >= 1
     diag = json.loads((tmp_path / "run" / "diagnostics.json").read_text())
@@ -209,7 +210,10 @@ def test_cifar10n_on_the_shared_jpeg_copy(shared_data):
 
 
 def test_pairflip_per_client_levels_end_to_end(tmp_path):
-    s = run_tiny(tmp_path, ["noise=pairflip", "noise.rho_tau=[0.5,0.6]", "fl.rounds=1", "seed=1"])
+    # selection.val_share=0: the exact counts are over a client's whole partition (a validation split
+    # would hold out a random part of its flips)
+    s = run_tiny(tmp_path, ["noise=pairflip", "noise.rho_tau=[0.5,0.6]", "fl.rounds=1", "seed=1",
+                            "selection.val_share=0"])
     assert s["status"] == "complete" and s["setting"]["noise"] == "pairflip"
     assert (s["setting"]["rho"], s["setting"]["tau"]) == (0.5, 0.6)
     diag = json.loads((tmp_path / "diagnostics.json").read_text())["clients"]

@@ -123,7 +123,7 @@ def test_accuracy_csv_and_latex(sweep: Path):
     assert "\\begin{tabular}{lccc}" in tex and "\\end{tabular}" in tex
     assert "\\textbf{82.00 $\\pm$ 2.00 (n=2)}" not in tex  # final_acc: 81.00
     assert "\\textbf{81.00 $\\pm$ 2.00 [79.00, 83.00] (n=2)}" in tex and tex.count("\\textbf") == 2
-    assert "% final_acc in %" in tex  # the table says which metric it shows
+    assert "% Metric (%): test accuracy at the last evaluation (final_acc); mean" in tex  # names its metric
 
 
 def test_comm_table(sweep: Path):
@@ -287,7 +287,8 @@ def test_reference_cost_table_with_ratios(preset_sweep: Path):
 def test_reference_found_by_preset_name(preset_sweep: Path, monkeypatch, capsys, caplog):
     monkeypatch.chdir(preset_sweep.parent)
     report.main([str(preset_sweep), "--figures", "none"])  # no results/reference/fake_table.csv yet
-    assert "paper" not in capsys.readouterr().out and "preset fake_table: no reference numbers" in caplog.text
+    out = capsys.readouterr().out
+    assert "; paper " not in out and "Paper values" not in out and "preset fake_table: no reference numbers" in caplog.text
     (preset_sweep.parent / "results" / "reference").mkdir(parents=True)
     (preset_sweep.parent / "results" / "reference" / "fake_table.csv").write_text(REFERENCE)
     report.main([str(preset_sweep), "--figures", "none"])
@@ -483,7 +484,10 @@ def test_balanced_metric_builds_every_table_from_it(sweep: Path, capsys, caplog)
         assert report.main([str(sweep), "--metric", "balanced_acc"]) == 0
     out = sweep / "report"
     md = (out / "accuracy.md").read_text()
-    assert md.startswith("best_balanced_acc in % | last10_balanced_acc in %: mean ± std")
+    assert md.startswith("Metric (%): best balanced test accuracy (mean per-class recall) over all evaluations "
+                         "(best_balanced_acc; the papers' protocol: the round is chosen on the test set); beside it "
+                         "(columns suffixed last10_balanced_acc), mean balanced test accuracy of the last 10 "
+                         "evaluations (last10_balanced_acc); mean ± std")
     assert "(0.6,0.5) last10_balanced_acc |" in md.splitlines()[2]
     old = str(paths[0].parent)
     assert "1 of 8 complete run(s) have no best_balanced_acc, last10_balanced_acc in summary.json" in md
@@ -502,16 +506,18 @@ def test_balanced_metric_builds_every_table_from_it(sweep: Path, capsys, caplog)
     assert "best_balanced_acc, last10_balanced_acc" in page and "cost_to_target_balanced" in page
     # explicit keys work too, and the plain metric still reads the old run
     assert report.main([str(sweep), "--metric", "final_balanced_acc", "--beside", "none", "--figures", "none"]) == 0
-    assert (out / "accuracy.md").read_text().startswith("final_balanced_acc in %: mean")
+    assert (out / "accuracy.md").read_text().startswith(
+        "Metric (%): balanced test accuracy at the last evaluation (final_balanced_acc); mean")
     assert report.main([str(sweep), "--figures", "none"]) == 0
     assert "have no" not in (out / "accuracy.md").read_text()
 
 
 def _refused(capsys, argv) -> str:
     assert report.main(argv) == 2
-    out = capsys.readouterr().out.strip().splitlines()
-    assert len(out) == 1 and out[0].startswith("fedlnl-report: error: "), out
-    return out[0]
+    found = capsys.readouterr()
+    err = found.err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("fedlnl-report: error: ") and not found.out, found
+    return err[0]
 
 
 def test_bad_input_is_one_line_and_exit_code_2(tmp_path: Path, sweep: Path, capsys):
@@ -554,10 +560,10 @@ def test_report_cli_prints_no_traceback(tmp_path: Path):
     import sys
 
     (tmp_path / "empty").mkdir()
-    res = subprocess.run([sys.executable, "-m", "fedlnl.benchmark.report.cli", str(tmp_path / "empty")],
+    res = subprocess.run([sys.executable, "-m", "fedlnl.benchmark.report", str(tmp_path / "empty")],
                          capture_output=True, text=True)
-    assert res.returncode == 2 and "Traceback" not in res.stderr + res.stdout
-    assert res.stdout.strip() == f"fedlnl-report: error: no run directories (summary.json or metrics.jsonl) below {tmp_path / 'empty'}"
+    assert res.returncode == 2 and "Traceback" not in res.stderr + res.stdout and not res.stdout
+    assert res.stderr.strip() == f"fedlnl-report: error: no run directories (summary.json or metrics.jsonl) below {tmp_path / 'empty'}"
 
 
 def test_wandb_report_run_in_the_sweeps_group(sweep: Path, monkeypatch, capsys):

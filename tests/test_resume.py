@@ -66,18 +66,30 @@ def test_interrupted_run_resumes_to_identical_numbers(tmp_path, monkeypatch, cap
     assert diag(run_dir) == diag(straight_dir)
 
 
-def test_checkpoint_of_another_config_is_ignored(tmp_path, monkeypatch, caplog):
+def test_a_failed_run_of_another_config_is_refused_and_its_checkpoint_kept(tmp_path, monkeypatch, caplog):
+    """A failed run's directory belongs to its config like a complete one's: another config is
+    refused (one line) and its rows and checkpoint stay. Should one get past the check (two processes
+    racing), its checkpoint is moved aside, never overwritten."""
     from fedlnl.benchmark import runner as runmod
+    from fedlnl.benchmark.validate import ConfigError
 
     cfg = tiny("fedavg", ["fl.rounds=4", "checkpoint_every=1"])
     restore = crash_after(monkeypatch, 3)
     with pytest.raises(KeyboardInterrupt):
         runmod.run(cfg, tmp_path, "fedavg")
     restore()
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
     other = tiny("fedavg", ["fl.rounds=4", "checkpoint_every=1", "fl.lr=0.02"])
+    with pytest.raises(ConfigError, match=r"holds a failed run of another config \(fl.lr: 0.05 -> 0.02\): set "):
+        runmod.run(other, tmp_path, "fedavg")
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+
+    (tmp_path / "summary.json").unlink()  # as if the other process got past the check before the summary
+    monkeypatch.setattr(runmod, "check_run_dir", lambda *a, **k: None)
     with caplog.at_level(logging.INFO, logger="fedlnl"):
         s = runmod.run(other, tmp_path, "fedavg")
-    assert "for another config; starting over" in caplog.text and "resuming" not in caplog.text
+    assert "for another config; moved to checkpoint.pt.other-config, starting over" in caplog.text
+    assert (tmp_path / "checkpoint.pt.other-config").read_bytes() == before["checkpoint.pt"]
     assert s["status"] == "complete" and [r["round"] for r in rows_of(tmp_path)] == [1, 2, 3, 4]
 
 

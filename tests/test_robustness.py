@@ -289,6 +289,83 @@ def test_online_wandb_without_a_server_falls_back_to_offline(tmp_path, monkeypat
     assert list(wandb_steps(tmp_path).values()) == [[1, 2]]
 
 
+def _wandb_online(tmp_path, monkeypatch, url: str) -> dict:
+    """A tiny online run against the W&B server at ``url``; its W&B warning lines."""
+    import logging
+
+    monkeypatch.setenv("WANDB_API_KEY", "0" * 40)
+    monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "wandb-config"))
+    monkeypatch.setenv("WANDB_BASE_URL", url)
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    cfg = compose_cfg(["method=fedavg", *TINY, "logger=wandb", "logger.mode=online", "fl.rounds=2"])
+    from fedlnl.benchmark.runner import run
+
+    records = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = records.append
+    logging.getLogger("fedlnl").addHandler(handler)
+    try:
+        summary = run(cfg, tmp_path / "run", "fedavg")
+    finally:
+        logging.getLogger("fedlnl").removeHandler(handler)
+    return {"summary": summary, "lines": [r.getMessage() for r in records if r.getMessage().startswith("W&B:")]}
+
+
+def test_a_wandb_server_that_accepts_but_never_answers_falls_back_to_offline(tmp_path, monkeypatch):
+    """The kernel accepts connections on a listening socket nobody reads: the probe gets no HTTP
+    answer within PROBE_S and the run logs offline, instead of waiting for wandb.init's timeout."""
+    pytest.importorskip("wandb")
+    import socket
+
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(16)
+        url = f"http://127.0.0.1:{server.getsockname()[1]}"
+        got = _wandb_online(tmp_path, monkeypatch, url)
+    assert got["summary"]["status"] == "complete" and len(_rows(tmp_path / "run" / "metrics.jsonl")) == 2
+    assert len(got["lines"]) == 1 and f"no answer from {url} within 3 s; logging offline" in got["lines"][0]
+    assert list(wandb_steps(tmp_path / "run").values()) == [[1, 2]]
+
+
+def test_a_wandb_server_that_answers_but_never_starts_the_run_falls_back_cleanly(tmp_path, monkeypatch):
+    """A server that answers a plain GET but never its API: wandb.init times out (INIT_TIMEOUT_S) and
+    the run falls back to offline with the same run id (it died with "run ID ... is in use")."""
+    pytest.importorskip("wandb")
+    import socket
+    import threading
+
+    from fedlnl.benchmark.sinks import WandbSink
+
+    server, held = socket.socket(), []
+    server.bind(("127.0.0.1", 0))
+    server.listen(16)
+
+    def serve():
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            request = conn.recv(65536)
+            if request.startswith(b"GET"):
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok")
+                conn.close()
+            else:
+                held.append(conn)  # the API call: never answered
+
+    threading.Thread(target=serve, daemon=True).start()
+    monkeypatch.setattr(WandbSink, "INIT_TIMEOUT_S", 5)
+    try:
+        got = _wandb_online(tmp_path, monkeypatch, f"http://127.0.0.1:{server.getsockname()[1]}")
+    finally:
+        server.close()
+        for conn in held:
+            conn.close()
+    assert got["summary"]["status"] == "complete"
+    assert len(got["lines"]) == 1 and got["lines"][0].startswith("W&B: online start failed (") and "in use" not in got["lines"][0]
+    assert list(wandb_steps(tmp_path / "run").values()) == [[1, 2]]
+
+
 def test_a_failure_after_training_started_keeps_metrics_and_says_why(tmp_path, monkeypatch):
     from fedlnl.benchmark import runner as runmod
 
@@ -311,7 +388,10 @@ def test_a_failure_after_training_started_keeps_metrics_and_says_why(tmp_path, m
 def test_a_test_loss_of_exactly_zero_is_not_divergence(tmp_path, monkeypatch):
     from fedlnl.methods.common import engine
 
-    monkeypatch.setattr(engine, "evaluate", lambda *a, **k: engine.Evaluation(1.0, 0.0, 1.0, [1.0] * 10))
+    def perfect(*a, groups=None, **k):  # every prediction right, the clients' local test sets included
+        return engine.Evaluation(1.0, 0.0, 1.0, [1.0] * 10, [groups.shape[1]] * groups.shape[0])
+
+    monkeypatch.setattr(engine, "evaluate", perfect)
     s = run_tiny(tmp_path, ["fl.rounds=2"])
     assert s["status"] == "complete" and s["best_acc"] == 1.0 and s["best_balanced_acc"] == 1.0
 
@@ -382,10 +462,11 @@ def test_dry_run_lists_the_cells_and_what_is_left_without_running_anything(tmp_p
     code, out, err = cli(["-m", "method=fedavg", "seed=0,1,2", "fl.rounds=2", *TINY, f"hydra.sweep.dir={sweep}",
                           "dry_run=true"], tmp_path)
     assert code == 0, err[-2000:]
-    # 2 rounds x 3 of 6 clients, one epoch of 32-sample batches over 239-240 samples: 8 steps an update
-    assert "3 cells, 2 complete, 1 to run: 6 client participations, 48 local steps" in out
+    # 2 rounds x 3 of 6 clients, one epoch of 32-sample batches over 215-216 training samples (239-240
+    # minus the 24 of the client's validation set, selection.val_share=0.1): 7 steps an update
+    assert "3 cells, 2 complete, 1 to run: 6 client participations, 42 local steps" in out
     cell = [ln for ln in out.splitlines() if "method=fedavg,seed=2" in ln][0].split()
-    assert cell[1:5] == ["fedavg", "2", "6", "48"] and cell[-2:] == ["to", "run"], cell
+    assert cell[1:5] == ["fedavg", "2", "6", "42"] and cell[-2:] == ["to", "run"], cell
     assert "time left: ~" in out and sorted(p.name for p in sweep.iterdir()) == before
 
 
@@ -423,7 +504,8 @@ def test_a_plan_finds_the_shared_prefix_a_run_saved(tmp_path):
 def test_dry_run_of_a_single_run_prints_its_plan_and_trains_nothing(tmp_path):
     code, out, err = cli(["method=fedcorr", *TINY, "dry_run=true"], tmp_path)
     assert code == 0, err[-2000:]
-    assert "fedcorr seed 0: 16 rounds, ≤24 client participations, ≤192 local steps" in out
+    # 24 updates of one epoch over 215-216 training samples (the rest is validation): 7 steps of 32 each
+    assert "fedcorr seed 0: 16 rounds, ≤24 client participations, ≤168 local steps" in out
     assert "dry_run=true: nothing was trained or written" in out and not any(tmp_path.iterdir())
 
 
@@ -648,3 +730,264 @@ def test_a_single_run_whose_directory_another_process_trains_says_so_and_fails(t
     assert code == 1 and errors == [f"fedlnl-run: error: {run_dir} is being trained by another process (pid "
                                     f"{os.getpid()} on {socket.gethostname()}, " + errors[0].split(", ", 1)[1]]
     assert "this run did nothing" in errors[0] and not (run_dir / "metrics.jsonl").exists()
+    assert [p.name for p in run_dir.iterdir()] == [".lock"]  # no .hydra/, no run.log in the holder's directory
+
+
+# ------------------------------------------------------------------------- issue 34: nothing lost, nothing silent
+def _errors(out: str, err: str) -> list[str]:
+    return [ln for ln in (out + err).splitlines() if "error:" in ln]
+
+
+def test_an_empty_sweep_is_one_line_and_writes_nothing(tmp_path):
+    assert_refused(cli(["-m", "seed=range(0)", "name=e", "dataset=digits"], tmp_path),
+                   "the sweep has no cells (seed=range(0) has no values): nothing to run", tmp_path)
+
+
+@pytest.mark.parametrize("args, shown, why", [
+    (["dataset=digits", "noise.rho=5", "--cfg", "job"], "  rho: 5\n", "noise.rho=5 is invalid: allowed a share in [0, 1]"),
+    (["noise.rho_tau=[0.6,0.5]", "noise.rho=0.2", "--cfg", "job", "--resolve"], "  rho: 0.2\n",
+     "noise.rho=0.2 contradicts noise.rho_tau=[0.6, 0.5]"),
+])
+def test_cfg_prints_a_config_a_run_refuses_then_says_why(tmp_path, args, shown, why):
+    code, out, err = cli(args, tmp_path)
+    assert code == 2 and shown in out and "Traceback" not in out + err, (code, out[-500:], err)
+    errors = _errors(out, err)
+    assert len(errors) == 1 and errors[0].startswith("fedlnl-run: error: a run of this config would be refused: ")
+    assert why in errors[0] and errors[0] in err  # on stderr, after the config on stdout
+    assert not any(tmp_path.iterdir())
+
+
+def test_cfg_resolve_prints_a_switch_whose_value_is_a_list(tmp_path):
+    """FedNoRo's reference Adam betas come from ``${fidelity:...,[0.9, 0.999]}``: a resolver returning
+    a list, which ``--resolve`` could not hold (UnsupportedValueType); resolved as a run resolves it."""
+    import yaml
+    from omegaconf import OmegaConf
+
+    from conftest import compose_cfg
+
+    code, out, err = cli(["method=fednoro", "fidelity=reference", "--cfg", "job", "--resolve"], tmp_path)
+    assert code == 0 and "Traceback" not in out + err, err[-2000:]
+    printed = yaml.safe_load(out)
+    assert printed["method"]["betas"] == [0.9, 0.999]
+    assert printed["method"] == OmegaConf.to_container(compose_cfg(["method=fednoro", "fidelity=reference"]),
+                                                       resolve=True)["method"]
+
+
+def test_a_stage3_method_from_the_command_line_trains_fedcorr_with_it(tmp_path):
+    """The documented ``+method@method.stage3=fedprox`` through the real command line (argv), not
+    refused as "method is given twice": FedCorr stages 1-2, then FedProx."""
+    from fedlnl.benchmark.preflight import check_argv
+
+    run_dir = tmp_path / "run"
+    code, out, err = cli(["dataset=digits", "fl.num_clients=6", "fl.frac=0.5", "fl.local_epochs=1", "fl.batch_size=32",
+                          "threads=1", "logger=none", "method=fedcorr", "method.T1=1", "method.T2=1", "method.T3=1",
+                          "+method@method.stage3=fedprox", f"hydra.run.dir={run_dir}"], tmp_path)
+    assert code == 0, err[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "complete" and summary["method"] == "fedcorr_fedprox"
+    assert summary["config"]["method"]["_target_"].endswith("FedCorr")
+    assert summary["config"]["method"]["stage3"]["_target_"].endswith("FedProx") and "mu" in summary["config"]["method"]["stage3"]
+    stages = [r["stage"] for r in _rows(run_dir / "metrics.jsonl")]
+    assert stages[0] == "preprocessing" and "finetuning" in stages and stages[-1] == "usual", stages
+    assert check_argv(["+method@method.stage3=fedprox", "+method@method.stage3=fedavg"]) == (
+        "method@method.stage3 is given twice (+method@method.stage3=fedprox and +method@method.stage3=fedavg): keep one")
+
+
+def test_a_run_directory_name_longer_than_the_file_system_allows_is_one_line(tmp_path):
+    assert_refused(cli([*TINY, f"hydra.run.dir={tmp_path / ('x' * 300)}"], tmp_path),
+                   "is 300 bytes, more than the", tmp_path)
+
+
+def test_a_dangling_symlink_as_the_run_directory_is_one_line(tmp_path):
+    link, target = tmp_path / "link", tmp_path / "gone" / "here"
+    link.symlink_to(target)
+    code, out, err = cli([*TINY, f"hydra.run.dir={link}"], tmp_path)
+    assert code == 2 and "Traceback" not in out + err
+    assert _errors(out, err) == [f"fedlnl-run: error: hydra.run.dir={link} cannot be created: {link} is a symbolic "
+                                 f"link to {target}, which does not exist (create it, or set hydra.run.dir= to another "
+                                 "directory)"]
+    assert [p.name for p in tmp_path.iterdir()] == ["link"] and link.is_symlink() and not target.exists()
+
+
+@pytest.fixture
+def small_fs(tmp_path):
+    """``mount(size)``: a tmpfs of ``size`` mounted below tmp_path (as root), unmounted after the test."""
+    mounted = []
+
+    def mount(size: str) -> Path:
+        where = tmp_path / f"fs{len(mounted)}"
+        where.mkdir()
+        try:
+            proc = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)],
+                                  capture_output=True, text=True, timeout=60)
+        except (OSError, subprocess.SubprocessError) as err:
+            pytest.skip(f"cannot mount a tmpfs here: {err}")
+        if proc.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here: {proc.stderr.strip() or proc.returncode}")
+        mounted.append(where)
+        return where
+
+    yield mount
+    for where in mounted:
+        subprocess.run(["umount", "-l", str(where)], capture_output=True, timeout=60)
+
+
+def test_a_nearly_full_file_system_is_refused_before_anything_is_written(tmp_path, small_fs):
+    fs = small_fs("64k")
+    code, out, err = cli(["dataset=digits", "fl.num_clients=6", "fl.frac=0.5", "fl.local_epochs=1", "threads=1",
+                          "logger=none", "fl.rounds=150", f"hydra.run.dir={fs / 'run'}"], tmp_path)
+    errors = _errors(out, err)
+    assert code == 2 and len(errors) == 1 and "Traceback" not in out + err, (out + err)[-2000:]
+    assert errors[0].startswith(f"fedlnl-run: error: hydra.run.dir={fs / 'run'} cannot be written: its file system has ")
+    assert "KB free (a run needs at least 1 MB for its metrics, summary and checkpoints)" in errors[0]
+    assert not any(fs.iterdir())
+
+
+def test_a_file_system_that_fills_during_the_run_is_one_line_and_keeps_the_last_checkpoint(tmp_path, small_fs):
+    import errno
+    import time
+
+    import torch
+
+    fs = small_fs("2m")
+    run_dir = fs / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "fedlnl.benchmark.run", *TINY, "threads=1", "fl.rounds=300",
+                             "checkpoint_every=1", f"hydra.run.dir={run_dir}"], cwd=tmp_path, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    deadline = time.time() + 300
+    while not ((run_dir / "checkpoint.pt").is_file() and (run_dir / "metrics.jsonl").is_file()
+               and len((run_dir / "metrics.jsonl").read_text().splitlines()) >= 3):
+        assert proc.poll() is None and time.time() < deadline, proc.communicate()[1][-3000:]
+        time.sleep(0.05)
+    with open(fs / "filler", "wb") as filler:  # another process takes the rest of the disk
+        try:
+            while True:
+                filler.write(b"\0" * 65536)
+                filler.flush()
+        except OSError as err:
+            assert err.errno == errno.ENOSPC
+    out, err = proc.communicate(timeout=300)
+    errors = _errors(out, err)
+    assert proc.returncode == 1 and "Traceback" not in out + err, (out + err)[-3000:]
+    assert len(errors) == 1 and errors[0].startswith(f"fedlnl-run: error: {run_dir}: OSError: [Errno 28]"), errors
+    saved = torch.load(run_dir / "checkpoint.pt", weights_only=False)  # the last complete one, whole
+    rows = len((run_dir / "metrics.jsonl").read_text().splitlines())
+    # the disk filled after round 3's row: its checkpoint (or a later one) may have failed, round 2's was written
+    assert 2 <= saved["round"] + 1 <= rows and not [p for p in run_dir.rglob("*") if p.name.endswith(".tmp")]
+
+
+def test_ctrl_c_before_training_is_one_line_and_leaves_nothing(tmp_path, monkeypatch):
+    """Ctrl-C while the data loads, before Hydra made the run directory or after (a run's rounds
+    are stopped cleanly: tests/test_interrupts.py): one line, exit 130, nothing left."""
+    from fedlnl.benchmark import preflight, runner
+
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+
+    expected = ["fedlnl-run: interrupted (SIGINT) before training started: nothing was trained or saved"]
+    for where, name in ((preflight, "build_cell"), (runner.Runner, "prepare")):
+        with monkeypatch.context() as m:
+            m.setattr(where, name, interrupted)
+            code, out, err = cli([*TINY, f"hydra.run.dir={tmp_path / 'results' / 'run'}"], tmp_path)
+        assert code == 130 and "Traceback" not in out + err, (name, out, err)
+        assert [ln for ln in (out + err).splitlines() if ln.startswith("fedlnl-run")] == expected
+        assert not any(tmp_path.iterdir()), (name, sorted(p.name for p in tmp_path.rglob("*")))
+
+
+@pytest.mark.parametrize("dev", ["cuda", "mps"])
+def test_a_device_this_machine_lacks_is_refused_leaving_nothing(tmp_path, dev):
+    """Refused before Hydra makes results/runs/<time>_<method> (it used to leave results/runs/)."""
+    import torch
+
+    mps = getattr(torch.backends, "mps", None)
+    if (dev == "cuda" and torch.cuda.is_available()) or (dev == "mps" and mps is not None and mps.is_available()):
+        pytest.skip(f"this machine has {dev}")
+    assert_refused(cli([f"device={dev}", "debug=tiny", "logger=none"], tmp_path), f"device='{dev}' is invalid", tmp_path)
+
+
+def test_an_interrupted_run_of_another_config_is_refused_with_an(tmp_path):
+    run_dir = tmp_path / "runs" / "mine"
+    code, _, err = cli([*TINY, "fl.rounds=2", f"hydra.run.dir={run_dir}"], tmp_path)
+    assert code == 0, err[-2000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    (run_dir / "summary.json").write_text(json.dumps({**summary, "status": "interrupted"}))
+    code, out, err = cli([*TINY, "fl.rounds=2", "fl.lr=0.02", f"hydra.run.dir={run_dir}"], tmp_path)
+    assert code == 2 and _errors(out, err) == [
+        f"fedlnl-run: error: {run_dir} holds an interrupted run of another config (fl.lr: 0.05 -> 0.02): set "
+        "hydra.run.dir= to another directory, or move that run away"]
+
+
+def test_the_report_says_warning_once_per_line(tmp_path):
+    """Runs of one cell that differ besides the seed: the report's warning is ``WARNING: runs of one
+    cell differ ...`` on stderr, not ``WARNING: WARNING: ...``."""
+    sweep = tmp_path / "sweep"
+    for seed, lr in ((0, 0.05), (1, 0.04)):
+        code, _, err = cli(["-m", *TINY, "fl.rounds=1", f"seed={seed}", f"fl.lr={lr}", f"hydra.sweep.dir={sweep}"], tmp_path)
+        assert code == 0, err[-2000:]
+    report = "import sys; from fedlnl.benchmark.report.cli import main; sys.exit(main(sys.argv[1:]))"
+    proc = subprocess.run([sys.executable, "-c", report, str(sweep), "--figures", "none"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "WARNING: runs of one cell differ in fl.lr besides the seed" in proc.stderr
+    assert "WARNING: WARNING:" not in proc.stdout + proc.stderr
+
+
+# ------------------------------------------------------------------------- a summary is believed only when sealed
+def test_a_hand_edited_summary_is_neither_skipped_by_a_sweep_nor_averaged_by_the_report(tmp_path):
+    """best_acc edited to 0.99: the report counts the run as unverified (never averaged), a re-run
+    sweep warns in one line, keeps the old files as *.unverified and runs the cell again."""
+    import logging
+
+    from fedlnl.benchmark.report.loading import load_summaries
+
+    sweep = tmp_path / "sweep"
+    args = ["-m", *TINY, "fl.rounds=2", f"hydra.sweep.dir={sweep}"]
+    code, _, err = cli(args, tmp_path)
+    assert code == 0, err[-2000:]
+    cell = sweep / "debug=tiny,fl.rounds=2"
+    true = json.loads((cell / "summary.json").read_text())
+    metrics = (cell / "metrics.jsonl").read_bytes()
+    edited = {**true, "best_acc": 0.99}
+    (cell / "summary.json").write_text(json.dumps(edited, indent=2))
+
+    seen, logger = [], logging.getLogger("fedlnl.benchmark.report.loading")
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = lambda record: seen.append(record.getMessage())
+    logger.addHandler(handler)
+    logger.disabled = False  # Hydra's logging setup (the in-process runs above) disables existing loggers
+    try:
+        frame = load_summaries(sweep)
+    finally:
+        logger.removeHandler(handler)
+    assert list(frame["status"]) == ["unverified"]
+    assert seen == [f"unverified {cell / 'summary.json'}: summary.json was edited after the run: summary.json has "
+                    f"best_acc=0.99 but metrics.jsonl gives {true['best_acc']}: counted as incomplete"]
+
+    code, out, err = cli(args, tmp_path)
+    assert code == 0, err[-2000:]
+    warning = [ln for ln in (out + err).splitlines() if "is not borne out by its metrics" in ln]
+    assert len(warning) == 1 and "best_acc=0.99" in warning[0] and "running the cell again" in warning[0], out + err
+    assert json.loads((cell / "summary.json.unverified").read_text()) == edited
+    assert (cell / "metrics.jsonl.unverified").read_bytes() == metrics == (cell / "metrics.jsonl").read_bytes()
+    again = json.loads((cell / "summary.json").read_text())
+    assert again["status"] == "complete" and again["best_acc"] == true["best_acc"]
+
+
+def test_metrics_changed_after_the_summary_and_unsealed_summaries(tmp_path):
+    """The digest catches an edited metrics.jsonl; a summary written before seals existed is checked
+    on best_acc and last10_acc recomputed from its rows."""
+    from fedlnl.benchmark import integrity
+    from fedlnl.benchmark.rundir import completed
+
+    run_tiny(tmp_path, ["fl.rounds=3"])
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert integrity.problem(tmp_path, summary) is None and completed(tmp_path, summary["config_hash"]) == summary
+    rows = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    (tmp_path / "metrics.jsonl").write_text("\n".join(rows[:2]) + "\n")
+    assert integrity.problem(tmp_path, summary) == ("metrics.jsonl changed after summary.json was written (2 rows, 3 "
+                                                    "when written; its SHA-256 differs)")
+    assert completed(tmp_path, summary["config_hash"]) is None
+    (tmp_path / "metrics.jsonl").write_text("\n".join(rows) + "\n")
+    old = {k: v for k, v in summary.items() if k not in (integrity.DIGEST_KEY, integrity.SEAL_KEY)}
+    assert integrity.problem(tmp_path, {**old, "variant": "relabelled by hand"}) is None  # nothing to seal it
+    assert integrity.problem(tmp_path, {**old, "last10_acc": 0.5}).startswith("summary.json has last10_acc=0.5 but")

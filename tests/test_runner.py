@@ -39,6 +39,20 @@ def test_summary_and_metrics_follow_the_contract(tmp_path):
     assert not list(tmp_path.glob(".*.tmp"))
 
 
+def test_summary_carries_the_digest_of_its_metrics_and_its_seal(tmp_path):
+    """metrics_digest: SHA-256 and row count of metrics.jsonl's bytes as written; seal: the SHA-256
+    of the summary's canonical JSON without the seal (fedlnl/benchmark/integrity.py)."""
+    import hashlib
+
+    run_tiny(tmp_path, NOISY)
+    data = (tmp_path / "metrics.jsonl").read_bytes()
+    written = json.loads((tmp_path / "summary.json").read_text())
+    assert written["metrics_digest"] == {"sha256": hashlib.sha256(data).hexdigest(), "rows": 3}
+    body = {k: v for k, v in written.items() if k != "seal"}
+    canonical = json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+    assert written["seal"] == hashlib.sha256(canonical).hexdigest()
+
+
 def test_same_seed_same_numbers_and_methods_share_the_federation(tmp_path):
     a = run_tiny(tmp_path / "a", NOISY)
     b = run_tiny(tmp_path / "b", NOISY)

@@ -24,10 +24,11 @@ class OracleScorer:
     """Scores a method's noise decisions against the oracle; only the runner holds one.
 
     Samples whose clean label is unknown (-1 in the oracle; most of Clothing1M) are left out of
-    every score: relabel counts and accuracy, sample detection, noise after correction, confusion.
+    every score: relabel counts and accuracy, sample detection, noise after correction, confusion;
+    so are the clients' validation samples (``held_out``): no method trains on or relabels them.
     """
 
-    def __init__(self, oracle, client_indices, labels: torch.Tensor):
+    def __init__(self, oracle, client_indices, labels: torch.Tensor, held_out: torch.Tensor | None = None):
         self.oracle = oracle
         self.client_indices = client_indices
         self.labels = labels  # the run's observed labels (mutated by relabels)
@@ -38,6 +39,8 @@ class OracleScorer:
         self.flagged: dict[int, bool] = {}  # latest noisy/clean decision per client
         self.initial_labels = labels.clone()
         self.known = oracle.clean_labels >= 0  # clean label given (always, except real-noise data)
+        if held_out is not None:
+            self.known[held_out] = False
 
     # --- decisions reported by methods through the round context
     def relabel(self, idx: torch.Tensor, new: torch.Tensor, apply: bool = True) -> None:

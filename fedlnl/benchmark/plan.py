@@ -4,7 +4,8 @@ The planner walks the method's own schedule on the real federation: for every ro
 method's sampling code draws (``protocol.planned_clients``: its ``plan_clients`` hook, or its
 ``sample_clients`` when sampling reads no state) and for each of them the update its training code
 makes (``protocol.planned_update``: optimiser steps, uploaded state dicts and payload). The sums are
-the run's ``comm_cost`` (participations), ``local_steps`` and ``bytes_up``. A figure that training
+the run's ``comm_cost`` (participations), ``local_steps`` and ``bytes_up`` (with the clients' validation
+reports: 16 bytes a client with a validation set at each evaluation, ``benchmark/selection.py``). A figure that training
 decides (clients picked by their loss or by noise estimates, samples a filter keeps) is an upper
 bound and is labelled ``≤``; every other figure is exactly what the run will record.
 """
@@ -14,6 +15,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from fedlnl.benchmark.selection import REPORT_BYTES
 from fedlnl.methods.common import engine
 from fedlnl.methods.common.protocol import FederationInfo, RoundContext, planned_clients, planned_update
 
@@ -39,8 +41,10 @@ class Plan:
                 "bytes_up": self.bytes_up, "exact": dict(self.exact), "bounds": list(self.bounds)}
 
 
-def plan_run(method, info: FederationInfo, model: torch.nn.Module, total: int, seed: int) -> Plan:
-    """The plan of ``total`` rounds of ``method`` on the federation ``info`` with ``model``."""
+def plan_run(method, info: FederationInfo, model: torch.nn.Module, total: int, seed: int, eval_every: int = 1,
+             reporters: int = 0) -> Plan:
+    """The plan of ``total`` rounds of ``method`` on the federation ``info`` with ``model``, evaluated
+    every ``eval_every`` rounds and at the last, where ``reporters`` clients send validation counts."""
     plan = Plan(total)
     weights = engine.payload_bytes(engine.get_weights(model))
     name = type(method).__name__
@@ -80,6 +84,8 @@ def plan_run(method, info: FederationInfo, model: torch.nn.Module, total: int, s
         plan.local_steps += steps
         plan.round_steps.append(steps)
         plan.bytes_up += sent
+        if (rnd + 1) % eval_every == 0 or rnd + 1 == total:  # the runner's evaluations
+            plan.bytes_up += REPORT_BYTES * reporters
     return plan
 
 
@@ -127,4 +133,4 @@ def plan_config(cfg, model_label: str, typed=None) -> Plan:
 
     method = preflight.check_cell(cfg, typed or {})
     cell = preflight.build_cell(cfg, method, model_label)
-    return plan_run(method, cell.info, cell.model, cell.total, int(cfg.seed))
+    return plan_run(method, cell.info, cell.model, cell.total, int(cfg.seed), *cell.evaluations(cfg))

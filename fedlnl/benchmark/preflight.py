@@ -26,6 +26,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from fedlnl.benchmark import compose
 from fedlnl.benchmark.device import seeded_init
+from fedlnl.benchmark.selection import SelectionSettings
 from fedlnl.benchmark.validate import ConfigError, check_fl, validate
 from fedlnl.datasets import DataError, DatasetUnavailable
 from fedlnl.methods.common.protocol import FederationInfo
@@ -105,6 +106,11 @@ class Cell:
     model: torch.nn.Module
     total: int  # the method's schedule length on this federation
 
+    def evaluations(self, cfg) -> tuple[int, int]:
+        """(evaluation cadence, clients that send validation counts at each evaluation): the plan's
+        ``eval_every`` and ``reporters``."""
+        return int(cfg.fl.eval_every), sum(1 for n in self.fed.val_sizes if n)
+
 
 def build_cell(cfg, method, model_label: str, device="cpu", models: dict | None = None) -> Cell:
     """Load the data, build the federation and the model, and size the schedule, raising
@@ -125,7 +131,9 @@ def build_cell(cfg, method, model_label: str, device="cpu", models: dict | None 
         raise DataUnavailable(first_line(err)) from err
     check_data(cfg, num_train=int(source.y_train.shape[0]))
     try:
-        fed = build_federation(cfg.dataset, cfg.partition, cfg.noise, cfg.fl.num_clients, cfg.seed)
+        sel = SelectionSettings.of(cfg.get("selection"))
+        fed = build_federation(cfg.dataset, cfg.partition, cfg.noise, cfg.fl.num_clients, cfg.seed,
+                               sel.val_share, sel.client_test_size)
     except DATA_ERRORS as err:  # partition/noise settings the data cannot satisfy
         raise ConfigError(first_line(err)) from err
     src = fed.source
@@ -234,6 +242,7 @@ def check_argv(argv: list[str]) -> str | None:
     if not items:
         return None
     from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.core.override_parser.types import ValueType
 
     try:
         parsed = OverridesParser.create().parse_overrides(items)
@@ -247,8 +256,12 @@ def check_argv(argv: list[str]) -> str | None:
     first_values = []
     for ov in parsed:
         key = ov.key_or_group.split("@", 1)[0]
-        values = [str(v) for v in ov.sweep_string_iterator()] if ov.is_sweep_override() else (
-            [ov.get_value_element_as_str()] if not ov.is_delete() else [])
+        if ov.value_type == ValueType.GLOB_CHOICE_SWEEP:  # glob(*): the group's names (Hydra's own loader expands it)
+            values = ov.value().filter(sorted(options(key, roots))) if key in GROUPS else []
+        elif ov.is_sweep_override():
+            values = [str(v) for v in ov.sweep_string_iterator()]
+        else:
+            values = [ov.get_value_element_as_str()] if not ov.is_delete() else []
         if ov.is_sweep_override() and not ov.is_discrete_sweep():
             values = []  # ranges / intervals: left to Hydra
         group = "method" if key.startswith("method@") or ov.key_or_group.startswith("method@") else key
@@ -264,6 +277,19 @@ def check_argv(argv: list[str]) -> str | None:
             continue
         first_values.append(raw)
     return _compose_problem(first_values + [ov.input_line for ov in searchpath])
+
+
+def check_tune(argv: list[str]) -> str | None:
+    """``experiment=tune`` is a sweep of trials through Hydra's Optuna sweeper: it needs ``-m`` and
+    the ``tune`` extra installed."""
+    import importlib.util
+
+    if not any(a in ("-m", "--multirun") for a in argv) and not any(
+            a in ("--cfg", "-c", "--info", "-i", "--help", "-h") for a in argv):
+        return "experiment=tune runs a study of trials: add -m (fedlnl-run -m experiment=tune method=<name>)"
+    if any(importlib.util.find_spec(m) is None for m in ("optuna", "hydra_plugins.hydra_optuna_sweeper")):
+        return "experiment=tune needs Hydra's Optuna sweeper: pip install -e '.[tune]' (hydra-optuna-sweeper)"
+    return None
 
 
 def _search_roots(entries) -> tuple[Path, ...]:
@@ -291,7 +317,8 @@ def _argv_keys(parsed) -> str | None:
     """Deleted keys, keys given twice, and new keys nothing would read, as one line."""
     seen: dict[str, str] = {}
     for ov in parsed:
-        key, raw = ov.key_or_group, ov.input_line
+        # a package is part of the key: `method=fedcorr +method@method.stage3=fedprox` sets two nodes
+        key, raw = ov.key_or_group + (f"@{ov.package}" if ov.package else ""), ov.input_line
         root = key.split("@", 1)[0].split(".", 1)[0].split("/", 1)[0]
         if ov.is_delete() and root != "hydra":
             return (f"{raw} is invalid: deleting a key is not supported; set it instead "

@@ -1,9 +1,10 @@
 """A run directory: which config it holds, whether it is final, and whether a new run may use it.
 
 A directory is identified with a config by the hash of the resolved config without the keys that do
-not change the numbers (``fedlnl.conf.keys.NON_RESULT_KEYS``). A directory that holds a complete, diverged or
-interrupted run, or a live run, of another config is refused (one line naming what differs), so a
-typo in ``hydra.run.dir`` never overwrites another run's summary, metrics or ``.hydra/``.
+not change the numbers (``fedlnl.conf.keys.NON_RESULT_KEYS``). A directory that holds a run of another
+config, in any state (complete, diverged, interrupted, failed, or killed: recognised by its checkpoint,
+or by its rows and the lock it left), or a live run, is refused (one line naming what differs), so a
+typo in ``hydra.run.dir`` never overwrites another run's summary, metrics, checkpoint or ``.hydra/``.
 """
 from __future__ import annotations
 
@@ -11,8 +12,10 @@ import functools
 import hashlib
 import json
 import os
+import shutil
 from pathlib import Path
 
+from fedlnl.benchmark import integrity
 from fedlnl.benchmark.lock import CellLock, LockError
 from fedlnl.conf.keys import LEGACY_VALUES, NON_RESULT_KEYS
 from fedlnl.benchmark.validate import ConfigError
@@ -23,8 +26,19 @@ KEPT = ("complete", "diverged", "interrupted")
 
 def config_hash(cfg: dict) -> str:
     kept = {k: v for k, v in cfg.items()
-            if k not in NON_RESULT_KEYS and not (k in LEGACY_VALUES and v is LEGACY_VALUES[k])}
+            if k not in NON_RESULT_KEYS and not (k in LEGACY_VALUES and is_legacy(v, LEGACY_VALUES[k]))}
     return hashlib.blake2b(json.dumps(kept, sort_keys=True, default=str).encode(), digest_size=8).hexdigest()
+
+
+def is_legacy(value, legacy) -> bool:
+    """``value`` is the legacy value: a mapping with the same keys, each legacy; a boolean by identity
+    (``0`` is not ``false``); a number by value (``0`` is ``0.0``)."""
+    if isinstance(legacy, dict):
+        return (isinstance(value, dict) and value.keys() == legacy.keys()
+                and all(is_legacy(value[k], legacy[k]) for k in legacy))
+    if isinstance(legacy, bool) or isinstance(value, bool):
+        return value is legacy
+    return type(value) in (int, float) and value == legacy
 
 
 @functools.cache
@@ -76,28 +90,62 @@ def read_summary(run_dir: Path) -> dict | None:
 
 def completed(run_dir: Path, cfg_hash: str) -> dict | None:
     """The summary in ``run_dir`` if it is final for this config (a sweep cell to skip): complete, or
-    diverged (deterministic: a re-run would diverge again). A failed/interrupted run is re-run."""
+    diverged (deterministic: a re-run would diverge again), and borne out by its metrics.jsonl
+    (``integrity.problem``: a hand-edited summary is not believed). A failed/interrupted run is re-run."""
     summary = read_summary(run_dir)
     if summary is None:
         return None
     final = summary.get("status") in ("complete", "diverged")
-    return summary if final and summary.get("config_hash") == cfg_hash else None
+    if not (final and summary.get("config_hash") == cfg_hash):
+        return None
+    return summary if integrity.problem(run_dir, summary) is None else None
+
+
+def article(word: str) -> str:
+    """``a complete``, ``an interrupted``."""
+    return f"{'an' if word[:1].lower() in 'aeiou' else 'a'} {word}"
+
+
+def recorded_run(run_dir: Path) -> tuple[str, str, dict | None] | None:
+    """(what, config hash, resolved config or None) of the run ``run_dir`` holds, whatever became of
+    it: its summary (any status: complete, diverged, interrupted, failed); else its checkpoint (a
+    run killed without a summary); else the lock a killed run left beside its metrics.jsonl."""
+    run_dir = Path(run_dir)
+    summary = read_summary(run_dir)
+    if summary is not None and summary.get("config_hash") is not None:
+        what = f"{article(str(summary.get('status') or 'unfinished'))} run"
+        return what, summary["config_hash"], summary.get("config")
+    ck = run_dir / "checkpoint.pt"
+    if ck.is_file():
+        import torch
+
+        try:  # mmap: only the small header is read, not the tensors
+            saved = torch.load(ck, map_location="cpu", weights_only=False, mmap=True)
+        except Exception:  # noqa: BLE001  (an unreadable checkpoint is moved aside when the run loads it)
+            saved = None
+        if isinstance(saved, dict) and saved.get("config_hash") is not None:
+            return (f"a killed run (no summary; its checkpoint.pt after round {int(saved.get('round', -1)) + 1})",
+                    saved["config_hash"], saved.get("config"))
+    owner = CellLock(run_dir).owner() if (run_dir / "metrics.jsonl").is_file() else None
+    if owner and owner.get("config_hash"):
+        return "a killed run (no summary or checkpoint; its metrics.jsonl and .lock)", owner["config_hash"], None
 
 
 def check_run_dir(run_dir: Path, cfg_hash: str, resolved: dict, key: str = "hydra.run.dir") -> None:
     """Raise ConfigError when ``run_dir`` cannot take this run: its ``.lock`` is not a file, or it
-    holds a kept or live run of another config. ``key`` is the setting that chose the directory."""
+    holds a run of another config in any state (complete, diverged, interrupted, failed, or killed:
+    its checkpoint or its rows), or a live one. ``key`` is the setting that chose the directory."""
     run_dir = Path(run_dir)
     lock = CellLock(run_dir)
     try:
         lock.check_path()
     except LockError as err:
         raise ConfigError(str(err)) from err
-    summary = read_summary(run_dir)
-    other = summary is not None and summary.get("config_hash") not in (None, cfg_hash)
-    if other and summary.get("status") in KEPT:
-        raise ConfigError(f"{run_dir} holds a {summary['status']} run of another config "
-                          f"({config_diff(summary.get('config') or {}, resolved)}): set {key}= to another "
+    found = recorded_run(run_dir)
+    if found is not None and found[1] != cfg_hash:
+        what, other, config = found
+        diff = config_diff(config, resolved) if isinstance(config, dict) else f"config hash {other} -> {cfg_hash}"
+        raise ConfigError(f"{run_dir} holds {what} of another config ({diff}): set {key}= to another "
                           f"directory, or move that run away")
     owner = lock.owner()
     if owner and owner.get("config_hash") not in (None, cfg_hash) and lock.stale() is None:
@@ -115,7 +163,7 @@ def recorded_identity(run_dir: Path, cfg_hash: str) -> tuple[str, dict] | None:
         if not isinstance(ident, dict) and isinstance(summary.get("device"), str):
             ident = {"device_kind": summary["device"].split(":")[0]}
         if isinstance(ident, dict):
-            return f"a {summary['status']} run", ident
+            return f"{article(summary['status'])} run", ident
     ck = Path(run_dir) / "checkpoint.pt"
     if ck.is_file():
         import torch
@@ -167,9 +215,37 @@ def _short(v) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
-def check_writable(path: Path, key: str) -> None:
-    """Raise ConfigError when ``path`` cannot be created or written: a component that is a file,
-    or a first existing directory this process cannot write (permissions, a read-only mount)."""
+#: free space a run directory's file system must have to start: its metrics, summary and a
+#: checkpoint written beside the last (a full disk mid-run is one line too, ``runner``)
+MIN_FREE = 1 << 20
+
+
+def check_names(path: Path, key: str) -> None:
+    """Raise ConfigError when ``path`` cannot be a path on this machine: a name longer than its file
+    system allows (``OSError: [Errno 36]`` otherwise, from the first call that touches it), the
+    whole longer than the system's path limit, or a component that is a dangling symbolic link."""
+    path = Path(path).absolute()
+    anchor = next((p for p in path.parents if _exists(p)), Path(path.anchor))
+    limit = _pathconf(anchor, "PC_NAME_MAX", 255)
+    for part in path.parts[1:]:
+        if len(part.encode()) > limit:
+            raise ConfigError(f"{key}={_short(str(path))} cannot be created: its name {_short(part)!r} is "
+                              f"{len(part.encode())} bytes, more than the {limit} its file system allows")
+    total = _pathconf(anchor, "PC_PATH_MAX", 4096)
+    if len(str(path).encode()) >= total:
+        raise ConfigError(f"{key}={_short(str(path))} cannot be created: the path is {len(str(path).encode())} bytes, "
+                          f"more than the {total - 1} this system allows")
+    for p in [path, *path.parents]:
+        if p.is_symlink() and not p.exists():
+            raise ConfigError(f"{key}={path} cannot be created: {p} is a symbolic link to {os.readlink(p)}, which "
+                              f"does not exist (create it, or set {key}= to another directory)")
+
+
+def check_writable(path: Path, key: str, free: int = MIN_FREE) -> None:
+    """Raise ConfigError when ``path`` cannot be created or written: a name the file system refuses
+    (``check_names``), a component that is a file, a first existing directory this process cannot
+    write (permissions, a read-only mount), or a file system with less than ``free`` bytes free."""
+    check_names(path, key)
     path = Path(path).absolute()
     for p in [path, *path.parents]:
         if not p.exists():
@@ -179,7 +255,25 @@ def check_writable(path: Path, key: str) -> None:
         if not os.access(p, os.W_OK | os.X_OK) or _read_only(p):
             why = "a read-only file system" if _read_only(p) else "no write permission"
             raise ConfigError(f"{key}={path} cannot be written: {p} is not writable ({why})")
+        left = shutil.disk_usage(p).free
+        if left < free:
+            raise ConfigError(f"{key}={path} cannot be written: its file system has {left / 1024:,.0f} KB free "
+                              f"(a run needs at least {free / 2**20:,.0f} MB for its metrics, summary and checkpoints)")
         return
+
+
+def _exists(p: Path) -> bool:
+    try:
+        return p.exists()
+    except OSError:  # a name too long, a loop of links
+        return False
+
+
+def _pathconf(p: Path, name: str, default: int) -> int:
+    try:
+        return int(os.pathconf(p, name))
+    except (OSError, ValueError, AttributeError):
+        return default
 
 
 def _read_only(p: Path) -> bool:

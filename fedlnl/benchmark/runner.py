@@ -2,7 +2,8 @@
 
 Data flow: validate → build (or reuse) the federation → instantiate model and method → loop rounds
 (sample, local updates, relabels scored against the oracle, aggregate, evaluate, log, checkpoint) →
-``summary.json``. The method never sees the oracle or the test set. ``run`` holds the cell's lock
+``summary.json``. The method never sees the oracle, the clients' validation samples or the test set
+(``heldout.py``: model selection and per-client accuracy). ``run`` holds the cell's lock
 while it trains; ``fedlnl-run`` (``run.py``) is the command around it.
 """
 from __future__ import annotations
@@ -27,13 +28,16 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 from tqdm import tqdm
 
 from fedlnl.conf import resolvers  # noqa: F401  (registers ${fidelity:...})
-from fedlnl.benchmark import compose, device, preflight
+from fedlnl.benchmark import compose, device, integrity, preflight
+from fedlnl.benchmark.heldout import HeldOut
 from fedlnl.benchmark.lock import CellLock, LockError
 from fedlnl.benchmark.metrics import accuracy_summary, cost_to_target
 from fedlnl.benchmark.oracle import OracleScorer
-from fedlnl.benchmark.rundir import check_identity, check_run_dir, completed, config_hash, shared_prefix
+from fedlnl.benchmark.rundir import (check_identity, check_run_dir, completed, config_hash, read_summary,
+                                     shared_prefix)
+from fedlnl.benchmark.selection import SelectionSettings, selection_summary
 from fedlnl.benchmark.setting import setting_of
-from fedlnl.benchmark.sinks import JsonlSink, Sinks, WandbSink, write_json_atomic
+from fedlnl.benchmark.sinks import JsonlSink, Sinks, WandbSink, json_safe, write_json_atomic
 from fedlnl.benchmark.stop import StopRequest, refuse_after_signal
 from fedlnl.benchmark.validate import ConfigError
 from fedlnl.datasets.federation import federation_stats
@@ -62,8 +66,9 @@ def model_name(cfg: DictConfig) -> str:
 class Runner:
     """Owns the loop; a method only sees client views and the round context."""
 
-    def __init__(self, cfg: DictConfig, run_dir: Path, method_name: str, group: str, method):
+    def __init__(self, cfg: DictConfig, run_dir: Path, method_name: str, group: str, method, tuned: dict | None = None):
         self.cfg, self.run_dir, self.method_name, self.group = cfg, Path(run_dir), method_name, group
+        self.tuned = tuned  # the values tuned= applied, and where they came from (benchmark/tuning.apply)
         self.method = method  # built and checked by preflight.check_cell, before any data
         self.resolved = OmegaConf.to_container(cfg, resolve=True)
         self.hash = config_hash(self.resolved)
@@ -90,7 +95,12 @@ class Runner:
         self.labels = self.fed.labels.clone().to(self.device)  # observed labels; relabels land here
         self.client_idx = [torch.tensor(ix, dtype=torch.long, device=self.device)
                            for ix in self.fed.client_indices]
-        self.scorer = OracleScorer(self.fed.oracle, self.fed.client_indices, self.labels)
+        self.heldout = HeldOut(self.fed, SelectionSettings.of(cfg.get("selection")), self.device)
+        # the centralised references' pooled view: every training sample, none held out for validation
+        self.pool = torch.tensor(np.sort(np.concatenate(self.fed.client_indices)), dtype=torch.long,
+                                 device=self.device) if self.heldout.validated else None
+        self.scorer = OracleScorer(self.fed.oracle, self.fed.client_indices, self.labels,
+                                   held_out=self.heldout.val_idx.cpu())
         self.records: dict = {}  # ctx.record(...) diagnostics, written to diagnostics.json
         self.prefix = self._prefix()
         self.prefix_from = None  # the shared prefix this run started from, for summary.json
@@ -101,7 +111,10 @@ class Runner:
                  self.identity["determinism"], where, f"compiled ({self.compile_mode})" if self.compile_mode else "eager")
 
     def view(self, k: int) -> ClientView:
-        idx = torch.arange(self.labels.numel(), device=self.device) if k == ALL_CLIENTS else self.client_idx[k]
+        if k == ALL_CLIENTS:
+            idx = self.pool if self.pool is not None else torch.arange(self.labels.numel(), device=self.device)
+        else:
+            idx = self.client_idx[k]
         return ClientView(k, idx, self.labels[idx].clone(), self.train)
 
     def context(self, rnd: int) -> RoundContext:
@@ -123,10 +136,12 @@ class Runner:
         path = path or self._ckpt_path()
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # several processes may write one prefix
         try:
-            torch.save({"config_hash": self.hash, "identity": self.identity, "round": rnd, "state": state, "labels": self.labels,
+            torch.save({"config_hash": self.hash, "config": self.resolved, "identity": self.identity, "round": rnd,
+                        "state": state, "labels": self.labels,
                         "scorer": (self.scorer.num_relabels, self.scorer.num_correct_relabels, self.scorer.latest,
                                    self.scorer.mu_hat, self.scorer.flagged), "records": self.records,
                         "rows": self.rows, "comm": self.comm, "bytes": self.bytes_up, "steps": self.steps,
+                        "selection": self.heldout.reported.state(),
                         "elapsed": time.time() - self.t0, "cpu": time.process_time() - self.c0, **extra}, tmp)
             tmp.replace(path)
         except (OSError, RuntimeError) as err:  # torch reports a full disk as "file write failed"
@@ -143,6 +158,7 @@ class Runner:
          self.scorer.mu_hat, self.scorer.flagged) = ck["scorer"]
         self.records.update(ck["records"])
         self.rows, self.comm, self.bytes_up, self.steps = ck["rows"], ck["comm"], ck["bytes"], ck.get("steps", 0)
+        self.heldout.reported.load(ck.get("selection"))  # None: saved before per-client figures were kept
         self.t0 -= ck["elapsed"]
         self.c0 -= ck.get("cpu", 0.0)
         return ck["state"], ck["round"] + 1
@@ -161,8 +177,10 @@ class Runner:
             log.warning("checkpoint %s is unreadable (%s); moved to %s, starting over",
                         path, str(err).splitlines()[0] if str(err) else type(err).__name__, aside.name)
             return None
-        if ck["config_hash"] != self.hash:
-            log.warning("checkpoint in %s is for another config; starting over", self.run_dir)
+        if ck["config_hash"] != self.hash:  # (check_run_dir refuses such a directory: a race) kept, never overwritten
+            aside = _free_name(path.with_name(path.name + ".other-config"))
+            path.replace(aside)
+            log.warning("checkpoint in %s is for another config; moved to %s, starting over", self.run_dir, aside.name)
             return None
         log.info("resuming after round %d of %d (%s)", ck["round"] + 1, self.total, path)
         return self._restore(ck)
@@ -289,8 +307,11 @@ class Runner:
     @torch.no_grad()
     def evaluate(self, state, rnd: int, losses: list[float], agg: dict) -> dict:
         model = self.method.eval_model(state)
-        ev = engine.evaluate(model, self.test, self.test_labels, int(self.cfg.fl.eval_batch_size),
-                             num_classes=self.info.num_classes)
+        batch = int(self.cfg.fl.eval_batch_size)
+        ev = engine.evaluate(model, self.test, self.test_labels, batch, num_classes=self.info.num_classes,
+                             groups=self.heldout.tests)
+        val = self.heldout.val_acc(model, self.train, batch)  # the clients' counts: sent, so counted
+        self.bytes_up += self.heldout.upload()
         finite = [x for x in losses if math.isfinite(x)]
         ok = math.isfinite(ev.loss)
         row = {
@@ -300,6 +321,7 @@ class Runner:
             "train_loss": float(np.mean(finite)) if finite and len(finite) == len(losses) else float("nan"),
             "time_s": time.time() - self.t0,
         }
+        row.update(self.heldout.observe(row, ev.group_correct, val))
         row.update({k: v for k, v in agg.items()})
         row.update(self.scorer.latest)
         self.rows.append(row)
@@ -335,7 +357,8 @@ class Runner:
             "family": getattr(self.method, "family", None), "dataset": str(self.cfg.dataset.name),
             "model": model_name(self.cfg),
             "seed": int(self.cfg.seed), "variant": self.cfg.get("variant"), "preset": self.cfg.get("preset"),
-            **accuracy_summary(self.rows),
+            **accuracy_summary(self.rows), **selection_summary(self.rows, self.heldout.validated),
+            **self.heldout.summary(),
             "comm_cost": self.comm, "cost_to_target": cost_to_target(self.rows, list(self.cfg.targets)),
             "cost_to_target_balanced": cost_to_target(self.rows, list(self.cfg.targets), key="balanced_acc"),
             "bytes_up": self.bytes_up, "local_steps": self.steps, "rounds_run": self.rows[-1]["round"] if self.rows else 0,
@@ -347,16 +370,43 @@ class Runner:
             "detection": dict(self.scorer.latest), "git_commit": git_commit(),
             "setting": setting_of(self.resolved), "config": self.resolved, "config_hash": self.hash,
             "device": str(self.device), "identity": self.identity, "compile": self.compile_mode,
-            "prefix": self.prefix_from,
+            "prefix": self.prefix_from, "tuned": self.tuned,
         }
         sinks.summary(summary)
         sinks.close(status)
+        # metrics.jsonl as written, and a seal of the summary: a sweep's skip and the report check both (integrity.py)
+        try:
+            summary[integrity.DIGEST_KEY] = integrity.digest(self.run_dir / "metrics.jsonl")
+        except OSError:  # unreadable: no digest, no seal
+            summary[integrity.DIGEST_KEY] = None
+        else:
+            summary[integrity.SEAL_KEY] = integrity.seal(json_safe(summary))
         diag = {**self.scorer.diagnostics(self.info.num_classes), "records": self.records}
         write_json_atomic(self.run_dir / "diagnostics.json", diag)
         write_json_atomic(self.run_dir / "summary.json", summary)  # last: its presence = finished
         if status == "complete" and self._ckpt_path().exists():
             self._ckpt_path().unlink()
         return summary
+
+
+def set_aside_unverified(run_dir: Path, cfg_hash: str) -> None:
+    """A final summary of this config that its metrics.jsonl does not bear out (``integrity``) is
+    not skipped: its files are renamed ``<name>.unverified`` (never deleted) and the cell runs again."""
+    summary = read_summary(run_dir)
+    if not summary or summary.get("config_hash") != cfg_hash or summary.get("status") not in ("complete", "diverged"):
+        return
+    why = integrity.problem(run_dir, summary)
+    if why is None:
+        return
+    moved = []
+    for name in ("summary.json", "metrics.jsonl", "timing.jsonl", "diagnostics.json"):
+        path = Path(run_dir) / name
+        if path.exists():
+            aside = _free_name(path.with_name(name + ".unverified"))
+            path.replace(aside)
+            moved.append(aside.name)
+    log.warning("%s: the %s summary is not borne out by its metrics (%s): running the cell again; the old files "
+                "are kept as %s", run_dir, summary["status"], why, ", ".join(moved))
 
 
 def _free_name(path: Path) -> Path:
@@ -368,12 +418,18 @@ def _free_name(path: Path) -> Path:
     return out
 
 
-def run(cfg: DictConfig, run_dir: Path, method_name: str, group: str = "single", typed=()) -> dict:
+#: what ``run`` returns for a cell a stopped local sweep does not start (nothing written)
+NOT_STARTED = {"status": "not started", "best_acc": None}
+
+
+def run(cfg: DictConfig, run_dir: Path, method_name: str, group: str = "single", typed=(),
+        tuned: dict | None = None) -> dict:
     """One run: check everything that needs no data, skip a complete cell, load data and check what
     needs it, then (holding the cell's lock) train. Nothing is written before the last check."""
-    refuse_after_signal()
+    if refuse_after_signal():  # a local sweep asked to stop: this cell does not start
+        return dict(NOT_STARTED)
     method = preflight.check_cell(cfg, compose.typed_keys(typed))
-    runner = Runner(cfg, run_dir, method_name, group, method)
+    runner = Runner(cfg, run_dir, method_name, group, method, tuned)
     check_run_dir(run_dir, runner.hash, runner.resolved)  # another config's run, a .lock that is no file
     # this config's run recorded on another device kind or determinism mode: never continued or skipped
     check_identity(run_dir, runner.hash, device.run_identity(cfg))
@@ -383,6 +439,8 @@ def run(cfg: DictConfig, run_dir: Path, method_name: str, group: str = "single",
             log.info("skipping %s: %s summary for this config exists", run_dir, done["status"])
             return done
     runner.prepare()  # data-dependent checks: raises before anything is written
+    if refuse_after_signal():  # asked to stop while the data loaded
+        return dict(NOT_STARTED)
     Path(run_dir).mkdir(parents=True, exist_ok=True)
     lock = CellLock(run_dir, runner.hash)
     try:
@@ -397,11 +455,13 @@ def run(cfg: DictConfig, run_dir: Path, method_name: str, group: str = "single",
             done = completed(run_dir, runner.hash) if cfg.get("skip_complete", True) else None
             if done:  # finished by another process while this one was preparing
                 return done
+            set_aside_unverified(run_dir, runner.hash)
             summary = runner.run(stop)
         finally:
             lock.release()
         if stop.signum is not None and summary.get("status") == "interrupted":  # saved and unlocked: hand it on
-            stop.exit()
+            stop.exit()  # returns in a local sweep: its launcher stops and says so
+            return summary
         if stop.signum is not None:
             stop.completed()
     log.info("%s seed %s: best acc %.4f, final %.4f, comm cost %d, %.1fs -> %s", method_name, cfg.seed,

@@ -9,7 +9,6 @@ import logging
 import math
 import os
 import shutil
-import socket
 import threading
 from pathlib import Path
 from urllib.parse import urlparse
@@ -30,6 +29,10 @@ def _clean(value):
     if isinstance(value, float) and not math.isfinite(value):
         return None
     return value
+
+
+#: the values a JSON file of a run holds (summary.json's seal is computed over them)
+json_safe = _clean
 
 
 def write_json_atomic(path: Path, obj) -> None:
@@ -85,6 +88,7 @@ class WandbSink:
     reachable W&B server falls back to offline within ``PROBE_S`` seconds, with one warning line."""
 
     PROBE_S = 3.0
+    INIT_TIMEOUT_S = 30  # how long an online start may take (a server that answers the probe, then hangs)
 
     def __init__(self, cfg: dict, run_dir: Path, name: str, group: str, tags: list[str],
                  mode: str, project: str, entity: str | None, run_id: str, history: list[dict] = ()):
@@ -103,7 +107,8 @@ class WandbSink:
         kwargs = dict(project=project, entity=entity, group=group, name=name, tags=tags, config=cfg,
                       dir=str(run_dir), reinit="finish_previous", id=run_id, resume="allow")
         try:
-            self.run = wandb.init(mode=mode, settings=wandb.Settings(silent=True, console="off", init_timeout=30),
+            self.run = wandb.init(mode=mode, settings=wandb.Settings(silent=True, console="off",
+                                                                     init_timeout=self.INIT_TIMEOUT_S),
                                   **kwargs)
         except Exception as err:  # noqa: BLE001  (the server refused or timed out: keep the run going)
             if mode != "online":
@@ -111,6 +116,9 @@ class WandbSink:
             log.warning("W&B: online start failed (%s); logging offline to %s/wandb (upload later with "
                         "`wandb sync`)", str(err).strip().splitlines()[0][:200] if str(err).strip() else
                         type(err).__name__, run_dir)
+            # the failed start still holds this run id in W&B's service process ("run ID ... is in use"):
+            # end the service, so that the offline run starts a fresh one with the same id
+            wandb.teardown()
             self.run = wandb.init(mode="offline", settings=wandb.Settings(silent=True, console="off"), **kwargs)
             mode = "offline"
         if mode == "online":
@@ -159,21 +167,38 @@ class Sinks:
 
 
 def _unreachable(url: str, seconds: float) -> str | None:
-    """Why ``url``'s host cannot be reached within ``seconds`` (name lookup and TCP connect), or None."""
-    parts = urlparse(url)
-    host, port = parts.hostname, parts.port or (443 if parts.scheme == "https" else 80)
+    """Why the W&B server at ``url`` does not answer within ``seconds`` (name lookup, connection, and
+    an HTTP answer of any status: a server that accepts connections but never answers made
+    ``wandb.init`` wait for its own timeout), or None."""
+    import ssl
+    import urllib.error
+    import urllib.request
+
+    host = urlparse(url).hostname
     if not host:
         return f"no server in the W&B base URL {url!r}"
     result: list = []
 
-    def connect():
-        try:
-            socket.create_connection((host, port), timeout=seconds).close()
-            result.append(None)
-        except OSError as err:
-            result.append(f"cannot reach {url} ({type(err).__name__}: {err})")
+    class Stay(urllib.request.HTTPRedirectHandler):  # a redirect is an answer: not followed elsewhere
+        def redirect_request(self, *args, **kwargs):
+            return None
 
-    probe = threading.Thread(target=connect, daemon=True)
+    def ask():
+        try:
+            urllib.request.build_opener(Stay).open(url, timeout=seconds).close()
+            result.append(None)
+        except urllib.error.HTTPError:  # an answer, whatever its status
+            result.append(None)
+        except (OSError, ValueError) as err:  # URLError (refused, no such host), timeouts
+            reason = getattr(err, "reason", err)
+            if isinstance(reason, ssl.SSLError):  # it answered; W&B's own certificates may differ from urllib's
+                result.append(None)
+            elif isinstance(reason, TimeoutError):
+                result.append(f"no answer from {url} within {seconds:.0f} s")
+            else:
+                result.append(f"cannot reach {url} ({type(reason).__name__}: {reason})")
+
+    probe = threading.Thread(target=ask, daemon=True)
     probe.start()
-    probe.join(seconds)
+    probe.join(seconds + 1)
     return result[0] if result else f"no answer from {url} within {seconds:.0f} s"

@@ -18,10 +18,21 @@ the time left from the seconds per local step its method took in the complete ce
 
 After the cells ran, a cell that another process is training (its lock is alive) is named, so a
 sweep that leaves cells to someone else says so.
+
+With a launcher that runs the cells on this machine (basic: in this process; joblib: in its pool
+workers), ``local_launch`` makes a stop signal (Ctrl-C, ``kill``) stop the sweep cleanly: each
+running cell saves its round (``fedlnl.benchmark.stop``), the signal is passed on to the workers, no
+further cell starts, and the sweep names what was saved and exits with 128 + the signal. A cell
+that another process is training, or that a stopped sweep does not start, is passed over before
+Hydra writes anything into its directory (``guarded_run_job``).
 """
 from __future__ import annotations
 
+import contextlib
 import copy
+import multiprocessing
+import re
+import signal
 import sys
 import time
 from dataclasses import dataclass
@@ -32,10 +43,10 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra._internal.config_loader_impl import get_overrides_dirname
 from omegaconf import OmegaConf, open_dict
 
-from fedlnl.benchmark import compose, device, plan, preflight
+from fedlnl.benchmark import compose, device, plan, preflight, stop, tuning
 from fedlnl.benchmark.lock import CellLock
 from fedlnl.benchmark.rundir import (check_identity, check_run_dir, check_writable, completed, config_hash,
-                                     shared_prefix)
+                                     read_summary, shared_prefix)
 from fedlnl.benchmark.validate import ConfigError
 
 
@@ -46,7 +57,7 @@ class Cell:
     run_dir: Path | None = None
     hash: str | None = None
     method_name: str = "?"
-    built: tuple | None = None  # (method, FederationInfo, model, total rounds, seed): for the plan
+    built: tuple | None = None  # (method, FederationInfo, model, total rounds, seed, eval_every, reporters): the plan
     done: dict | None = None  # its final summary, when complete
     no_data: str | None = None  # why its data cannot be loaded here (a plan or a SLURM sweep goes on)
     prefix: tuple | None = None  # (rounds, key, file) of its shared prefix (rundir.shared_prefix), on this machine
@@ -59,7 +70,12 @@ class ValidatingSweeper(BasicSweeper):  # registered as hydra_plugins.fedlnl_swe
         parser = OverridesParser.create(config_loader=self.hydra_context.config_loader)
         self.overrides = self.split_arguments(parser.parse_overrides(params), self.max_batch_size)
         as_run = getattr(self.launcher, "cell_overrides", list)  # e.g. SLURM adds threads=<cpus_per_task>
-        cells = self.check_cells([as_run(list(job)) for batch in self.overrides for job in batch])
+        jobs = [as_run(list(job)) for batch in self.overrides for job in batch]
+        if not jobs:  # e.g. seed=range(0): Hydra would launch nothing and exit 0
+            print(f"fedlnl-run: error: the sweep has no cells ({empty_sweep_reason(arguments)}): nothing to run",
+                  file=sys.stderr)
+            sys.exit(2)
+        cells = self.check_cells(jobs)
         problems = [c for c in cells if c.problem]
         if problems:
             for c in problems:
@@ -83,14 +99,24 @@ class ValidatingSweeper(BasicSweeper):  # registered as hydra_plugins.fedlnl_swe
             sys.exit(2)
         sweep_dir.mkdir(parents=True, exist_ok=True)
         OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
-        returns, start = [], 0
-        for batch in self.overrides:
-            results = self.launcher.launch(batch, initial_job_idx=start)
-            for r in results:
-                _ = r.return_value  # re-raises a job's exception
-            start += len(batch)
-            returns.append(results)
+        returns, start, began = [], 0, time.time()
+        with local_launch(self.launcher) as local:
+            try:
+                for batch in self.overrides:
+                    if local and stop.received is not None:
+                        break  # stopped between two batches: no further cell starts
+                    results = self.launcher.launch(batch, initial_job_idx=start)
+                    for r in results:
+                        _ = r.return_value  # re-raises a job's exception
+                    start += len(batch)
+                    returns.append(results)
+            except (Exception, SystemExit) as err:  # a cell's error, or a worker the signal ended before its cell
+                if not local or stop.received is None:
+                    raise
+                print(f"fedlnl-run: warning: {type(err).__name__}: {preflight.first_line(err)[:300]}", file=sys.stderr)
         self.batch_index = len(self.overrides)
+        if local:
+            report_stop(cells, [r for batch in returns for r in batch], began)  # exits when the sweep was stopped
         report_elsewhere(cells)
         return returns
 
@@ -131,6 +157,7 @@ class ValidatingSweeper(BasicSweeper):  # registered as hydra_plugins.fedlnl_swe
         try:
             cfg = self.hydra_context.config_loader.load_sweep_config(self.config, overrides)
             typed = compose.typed_keys(OmegaConf.to_container(cfg.hydra.overrides.task))
+            typed.update(tuning.apply(cfg, _method_label(cfg), typed)[1])  # tuned=: as if typed
             job = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"])
             method = preflight.check_cell(job, typed)
         except ConfigError as err:
@@ -172,7 +199,7 @@ class ValidatingSweeper(BasicSweeper):  # registered as hydra_plugins.fedlnl_swe
                 raise
             cell.no_data = str(err)
             return cell
-        cell.built = (method, built.info, built.model, built.total, int(job.seed))
+        cell.built = (method, built.info, built.model, built.total, int(job.seed), *built.evaluations(job))
         if identity is not None and job.get("reuse_prefix", True):
             cell.prefix = shared_prefix(method, built.info, resolved, built.fed.hash, identity, cell.run_dir)
         return cell
@@ -255,6 +282,128 @@ def time_left(todo: list, speed: dict) -> tuple[float, int, int]:
         else:
             unknown += 1
     return seconds, unknown, reused
+
+
+def empty_sweep_reason(arguments) -> str:
+    """Which sweep override has no values (``seed=range(0)``), for the one-line refusal."""
+    try:
+        for ov in OverridesParser.create().parse_overrides(list(arguments)):
+            if ov.is_sweep_override() and not list(ov.sweep_string_iterator()):
+                return f"{ov.input_line} has no values"
+    except Exception:  # noqa: BLE001  (the line stays useful without the name)
+        pass
+    return "a sweep override has no values"
+
+
+# ------------------------------------------------------------------------------ local launches
+def _local_kind(launcher) -> str | None:
+    """'basic' (cells in this process), 'joblib' (cells in its pool workers), None (cells elsewhere:
+    SLURM, submitit: their schedulers' signals are handled in the tasks)."""
+    name = type(launcher).__name__
+    return {"BasicLauncher": "basic", "JoblibLauncher": "joblib"}.get(name)
+
+
+#: Hydra's functions replaced during a local launch (restored after it)
+_REPLACED: dict = {}
+
+
+@contextlib.contextmanager
+def local_launch(launcher):
+    """Around a local launch: stop signals noted (``stop.hold``: passed on to the pool workers, no
+    further cell starts), and each cell passed over before Hydra writes into its directory when it
+    must not start (``guarded_run_job``). Yields whether the launch is local."""
+    kind = _local_kind(launcher)
+    if kind is None:
+        yield False
+        return
+    if kind == "basic":  # the namespace its launch reads run_job from
+        namespace, replacements = type(launcher).launch.__globals__, {"run_job": guarded_run_job}
+    else:  # joblib: its job function is pickled by name, so the workers run ``execute_cell``; a
+        # sequential joblib run (one job) calls it in this process, with run_job replaced here too
+        from hydra_plugins.hydra_joblib_launcher import _core
+
+        namespace, replacements = _core.launch.__globals__, {"execute_job": execute_cell, "run_job": guarded_run_job}
+    for name, replacement in replacements.items():
+        _REPLACED[name] = namespace[name]
+        namespace[name] = replacement
+    try:
+        with stop.hold():
+            yield True
+    finally:
+        for name in replacements:
+            namespace[name] = _REPLACED.pop(name)
+
+
+def execute_cell(*args, **kwargs):
+    """A joblib job: in a pool worker, stop signals are noted from now on, also between cells
+    (``stop.hold_for_good``), and Hydra's ``run_job`` is ``guarded_run_job``; then Hydra's job."""
+    from hydra_plugins.hydra_joblib_launcher import _core
+
+    if multiprocessing.parent_process() is not None:  # a pool worker: its own copy of the module
+        stop.hold_for_good()
+        _core.run_job = guarded_run_job
+    original = _REPLACED.get("execute_job", _core.execute_job)  # in this process: the one replaced
+    return original(*args, **kwargs)
+
+
+#: the return value of a cell passed over before Hydra started it: why
+NOT_RUN = "fedlnl: not run"
+
+
+def guarded_run_job(**kwargs):
+    """Hydra's ``run_job``, unless the cell must not start: the sweep was asked to stop, or another
+    live process holds the cell's lock. Hydra would write ``.hydra/`` and its log into the cell
+    directory before the task could refuse; a passed-over cell gets nothing written."""
+    from hydra.core.utils import JobReturn, JobStatus, run_job
+
+    config = kwargs["config"]
+    overrides = list(OmegaConf.to_container(config.hydra.overrides.task))
+    why = None
+    if stop.received is not None:
+        why = f"not started: {stop.name_of(stop.received)} was received"
+    else:
+        try:
+            run_dir = Path(str(OmegaConf.select(config, kwargs["job_dir_key"]))) / str(
+                OmegaConf.select(config, kwargs["job_subdir_key"]))
+            lock = CellLock(run_dir)
+            if lock.owner() is not None and lock.stale() is None:
+                why = f"locked: {lock.describe()}"
+                print(f"[fedlnl] skipping {run_dir}: another process ({lock.describe()}) is training this cell",
+                      file=sys.stderr, flush=True)
+        except Exception:  # noqa: BLE001  (a directory that does not resolve here: the task reports it)
+            why = None
+    if why is None:
+        return run_job(**kwargs)
+    ret = JobReturn(overrides=overrides, status=JobStatus.COMPLETED)
+    ret.return_value = f"{NOT_RUN}: {why}"
+    return ret
+
+
+def report_stop(cells: list[Cell], results: list, began: float) -> None:
+    """After a local launch: when a stop signal reached the sweep or one of its cells, one line
+    naming what was saved and what is left, and exit with 128 + the signal. ``results``: the
+    launch's JobReturns, in cell order (fewer when it stopped early); ``began``: its start time."""
+    saved, signals = [], set()
+    passed = {i for i, r in enumerate(results) if str(r._return_value).startswith(f"{NOT_RUN}: locked")}
+    for i, c in enumerate(cells):
+        summary = read_summary(c.run_dir) if c.run_dir is not None and i not in passed else None
+        if not summary or summary.get("status") != "interrupted" or summary.get("config_hash") != c.hash:
+            continue
+        if (c.run_dir / "summary.json").stat().st_mtime < began - 1:  # left by an earlier sweep
+            continue
+        found = re.match(r"stopped by (SIG\w+)", str(summary.get("error") or ""))
+        if found and hasattr(signal, found.group(1)):
+            signals.add(getattr(signal, found.group(1)))
+            saved.append(c)
+    signum = stop.received if stop.received is not None else min(signals, default=None)
+    if signum is None:
+        return
+    done = sum(1 for c in cells if c.run_dir is not None and completed(c.run_dir, c.hash))
+    left = len(cells) - done - len(saved)
+    print(f"fedlnl-run: stopped by {stop.name_of(signum)}: {len(saved)} cell(s) saved their round (status "
+          f"interrupted), {left} not started, {done} complete of {len(cells)}; run the same command again to "
+          f"resume (complete cells are skipped)", file=sys.stderr, flush=True)
+    sys.exit(128 + int(signum))
 
 
 def report_elsewhere(cells: list[Cell]) -> None:

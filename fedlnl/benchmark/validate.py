@@ -13,6 +13,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from fedlnl.conf import checks
 from fedlnl.conf.checks import ConfigError, is_number  # noqa: F401 (ConfigError: imported from here by the benchmark)
+from fedlnl.benchmark.selection import SelectionSettings
 from fedlnl.datasets.options import check_options
 from fedlnl.methods.common.protocol import OPTIMIZERS
 
@@ -153,6 +154,11 @@ def validate(cfg: DictConfig, num_train: int | None = None) -> None:
         value = _get(cfg, key)
         if value is not _MISSING and value is not None and not isinstance(value, str):
             checks.fail(key, value, "a name (text)")
+    tuned = _get(cfg, "tuned")
+    if tuned is not _MISSING and tuned is not None and not isinstance(tuned, str):
+        checks.fail("tuned", tuned, "null or the path of an experiment=tune result (a file or a directory)")
+    _int(cfg, "tune.trials", 1)
+    _int(cfg, "tune.seed", 0)
     name = _get(cfg, "name")
     if isinstance(name, str) and (not name or "/" in name or name in (".", "..") or len(name) > NAME_MAX):
         checks.fail("name", name if len(name) <= 40 else name[:37] + "...",
@@ -181,6 +187,7 @@ def validate(cfg: DictConfig, num_train: int | None = None) -> None:
     _int(cfg, "fl.rounds", 1)
     _int(cfg, "fl.eval_every", 1)
     check_fl(cfg.fl, "fl.")
+    SelectionSettings.of(cfg.get("selection"))  # each key's declared check (benchmark/selection.py)
     if num_train is not None:
         _num(cfg, "fl.num_clients", lambda v: v <= num_train,
              f"an integer in [1, {num_train}] (the number of training samples)")

@@ -17,19 +17,27 @@ from __future__ import annotations
 #: device kinds in separate rows. ``data_placement`` moves the same bytes by another route (host and
 #: device placement give byte-identical metrics). ``reuse_prefix`` loads rounds another run computed from
 #: the same config, code and identity (``benchmark/runner.py``): the same numbers.
+#: ``tuned`` names where tuned values came from; the values themselves are set in the config (and so in
+#: the hash) by ``benchmark/tuning.apply``. ``tune`` is the tuning budget and sampler seed of
+#: ``experiment=tune``: a trial's numbers are those of its config alone.
 #: ``compile`` is not here: a compiled local step (``methods/common/compiled.py``) rounds differently from
 #: the eager one, so compiled and eager runs are two configurations.
 NON_RESULT_KEYS = ("logger", "name", "preset", "checkpoint_every", "checkpoint_minutes", "skip_complete",
-                   "reuse_prefix", "dry_run", "device", "determinism", "data_placement", "hydra")
+                   "reuse_prefix", "dry_run", "device", "determinism", "data_placement", "tuned", "tune", "hydra")
 
 #: result keys added after runs were already made, with the value that reproduces those runs: at that
 #: value the key stays out of the config hash, so a run made before the key existed keeps its hash
 #: (its sweep cell is still skipped or resumed), and any other value makes a configuration of its own.
-LEGACY_VALUES = {"compile": False}
+#: A node's value is all of its keys (``rundir.is_legacy``): ``selection`` at the papers' protocol (no
+#: validation set, 500-image client test sets, client figures at the reported round only).
+LEGACY_VALUES = {"compile": False,
+                 "selection": {"val_share": 0, "client_test_size": 500, "client_every_eval": False}}
 
 #: command-line overrides left out of a sweep cell's directory name (``${cell_dir_excluded:}``): the
 #: result-neutral keys and the logger's mode; the preset selectors (the sweep directory is named after
-#: the preset); the launcher's job count; and ``threads``, which the SLURM launcher sets from each
-#: allocation: a cell run again with another thread count finds its own directory, whose config hash
-#: differs, and is refused with the difference named rather than trained a second time beside it.
-CELL_DIR_EXCLUDED = (*NON_RESULT_KEYS, "logger.mode", "experiment", "paper", "threads", "hydra.launcher.n_jobs")
+#: the preset); the launcher's job count; a tune's budget and directories (``tune.*``: not its trials'
+#: configs); and ``threads``, which the SLURM launcher sets from each allocation: a cell run again
+#: with another thread count finds its own directory, whose config hash differs, and is refused with
+#: the difference named rather than trained a second time beside it.
+CELL_DIR_EXCLUDED = (*NON_RESULT_KEYS, "logger.mode", "experiment", "paper", "threads", "hydra.launcher.n_jobs",
+                     "tune.trials", "tune.seed", "tune.root", "tune.dir")

@@ -1,6 +1,7 @@
 """OmegaConf resolvers used by the YAML files; imported before Hydra composes a config."""
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 from pathlib import Path
@@ -91,12 +92,23 @@ def _cell_dir_excluded() -> list[str]:
     return list(CELL_DIR_EXCLUDED)
 
 
+def _as_node(fn):
+    """``fn`` returning a list or dict as an OmegaConf container: OmegaConf wraps a resolver's plain
+    list in a value node, which ``OmegaConf.resolve`` (``fedlnl-run --cfg job --resolve``) cannot
+    hold ("Value 'list' is not a supported primitive type"); resolved values are the same either way."""
+    @functools.wraps(fn)
+    def wrapped(*args, **kwargs):
+        value = fn(*args, **kwargs)
+        return OmegaConf.create(value) if isinstance(value, (list, tuple, dict)) else value
+    return wrapped
+
+
 def register() -> None:
     for name, fn in (("fidelity", _fidelity), ("item", _item), ("per_dataset", _per_dataset),
                      ("case", _case), ("tiny_federation", _tiny_federation), ("shared_dir", _shared_dir),
                      ("cell_dir", _cell_dir), ("cell_dir_excluded", _cell_dir_excluded), ("gpus_for", _gpus_for)):
         if not OmegaConf.has_resolver(name):
-            OmegaConf.register_new_resolver(name, fn)
+            OmegaConf.register_new_resolver(name, _as_node(fn))
 
 
 register()

@@ -69,11 +69,19 @@ class Oracle:
 @dataclass
 class Federation:
     source: Source
-    client_indices: list[np.ndarray]  # per client, sorted int64 global training indices
+    #: per client, sorted int64 global indices of its training samples (its validation samples are not here)
+    client_indices: list[np.ndarray]
     labels: torch.Tensor  # int64 [n_train] observed (noisy) training labels
     oracle: Oracle
-    hash: str  # content hash of (data identity, partition, labels)
+    hash: str  # content hash of (data identity, partition, labels, validation indices)
     meta: dict = field(default_factory=dict)  # partition / noise settings, for the summary
+    #: per client, sorted global indices of its held-out validation samples (``selection.val_share``;
+    #: empty arrays without a validation set); their labels are the observed ones in ``labels``. Only
+    #: the runner reads them, never a method.
+    client_val: list[np.ndarray] = field(default_factory=list)
+    #: per client, positions in the test set of its local test set (``selection.client_test_size``
+    #: images sampled to its training class proportions); only the runner reads them
+    client_test: list[np.ndarray] = field(default_factory=list)
 
     @property
     def num_clients(self) -> int:
@@ -86,3 +94,8 @@ class Federation:
     @property
     def client_sizes(self) -> tuple[int, ...]:
         return tuple(int(len(ix)) for ix in self.client_indices)
+
+    @property
+    def val_sizes(self) -> tuple[int, ...]:
+        """Each client's number of validation samples (zeros without a validation set)."""
+        return tuple(int(len(ix)) for ix in self.client_val) or (0,) * self.num_clients

@@ -48,7 +48,7 @@ import torch
 
 from fedlnl.conf.checks import positive, unit
 from fedlnl.methods.common import engine
-from fedlnl.methods.common.params import Params, param, rule
+from fedlnl.methods.common.params import Params, around, linear, param, rule
 from fedlnl.methods.fedavg import FedAvg
 
 #: the reference's constant in the scale of residuals: 1.4826 (1 + 5/(n−1)) · MAD-like statistic
@@ -167,9 +167,13 @@ def irls_aggregate(weights: list[dict[str, torch.Tensor]], lam: float, delta: fl
 class ARFLParams(Params):
     """ARFL's own numbers (conf/method/arfl.yaml)."""
 
-    lam: float = param("λ: Huber constant K = λ·sqrt(2/n) of the IRLS weight", rule(positive, "a Huber constant λ > 0"))
+    lam: float = param("λ: Huber constant K = λ·sqrt(2/n) of the IRLS weight", rule(positive, "a Huber constant λ > 0"),
+                       search=around(4, "our choice: ×/÷ 4 around FedCorr's λ = 2 (the ARFL paper text was not "
+                                        "available, methods.md §0)"))
     delta: float = param("δ: coordinates whose IRLS weight is below δ are clipped to the repeated-median line",
-                         rule(unit, "a clipping threshold in [0, 1]"))
+                         rule(unit, "a clipping threshold in [0, 1]"),
+                         search=linear(0.01, 0.5, "our choice: around FedCorr's δ = 0.1, up to half the IRLS weight "
+                                                  "range (the ARFL paper text was not available, methods.md §0)"))
 
 
 class ARFL(FedAvg):

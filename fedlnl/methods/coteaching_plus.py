@@ -27,7 +27,7 @@ import torch.nn.functional as F
 
 from fedlnl.conf.checks import choice, integer
 from fedlnl.methods.common import lnl, pair
-from fedlnl.methods.common.params import param, rule
+from fedlnl.methods.common.params import around, param, rule
 from fedlnl.methods.common.protocol import UpdatePlan, local_steps
 from fedlnl.methods.fedavg import FedAvg
 
@@ -39,7 +39,9 @@ EMPTY = ("skip", "full_batch")
 class CoteachingPlusParams(pair.ForgettingParams):
     """Co-teaching+'s numbers: Co-teaching's and the disagreement phase's (conf/method/coteaching_plus.yaml)."""
 
-    init_round: int = param("first round of the disagreement phase", rule(integer, 0))
+    init_round: int = param("first round of the disagreement phase", rule(integer, 0),
+                            search=around(2, "our choice: ×/÷ 2 around FNBench's 10 (the official per-dataset epochs "
+                                             "0-100 are centralised; methods.md §21.6)", integer=True))
     loss_on: str = param("L4: the disagreement phase's CE on the logits | on their softmax", rule(choice, LOSS_ON))
     empty_disagreement: str = param("L5: a batch without disagreement: no step (skip) | the whole batch",
                                     rule(choice, EMPTY))

@@ -86,7 +86,7 @@ import torch.nn.functional as F
 
 from fedlnl.conf.checks import choice, fail, flag, integer, number, positive, unit
 from fedlnl.methods.common import engine, lnl
-from fedlnl.methods.common.params import Method, Params, param, rule
+from fedlnl.methods.common.params import Method, Params, linear, param, rule
 from fedlnl.methods.common.protocol import (ClientUpdate, Planned, UpdatePlan, local_steps, planned_clients,
                                             planned_update)
 
@@ -165,8 +165,12 @@ class FedCorrParams(Params):
     T3: int = param("usual-training rounds", rule(integer, 0))
     beta: float = param("prox weight β (Eq. 5), times the client's μ̂ of the previous iteration",
                         rule(number, lambda v: v >= 0, "a weight >= 0"))
-    theta: float = param("confidence threshold θ (Eq. 7)", rule(unit, "a confidence in [0, 1]"))
-    pi_: float = param("relabel ratio π (Eq. 6)", rule(unit, "a share in [0, 1]"))
+    theta: float = param("confidence threshold θ (Eq. 7)", rule(unit, "a confidence in [0, 1]"),
+                         search=linear(0.3, 0.9, "FedCorr Table 7 sets θ = 0.5 (CIFAR) and 0.9 (Clothing1M): our "
+                                                 "range over them, widened below"))
+    pi_: float = param("relabel ratio π (Eq. 6)", rule(unit, "a share in [0, 1]"),
+                       search=linear(0.3, 0.8, "FedCorr Table 7 sets π = 0.5 (CIFAR) and 0.8 (Clothing1M): our range "
+                                               "over them, widened below"))
     kappa: float = param("clean-set threshold κ: fine-tuning clients have μ̂ ≤ κ", rule(unit, "a noise level in [0, 1]"))
     lid_k: int = param("neighbours of the LID estimate (Eq. 2)", rule(integer, 1))
     mixup_alpha: float = param("Beta(α, α) of mixup", rule(positive, "a Beta concentration > 0"))

@@ -89,7 +89,7 @@ import torch.nn.functional as F
 
 from fedlnl.conf.checks import choice, fail, flag, integer, nonnegative, number, positive, unit
 from fedlnl.methods.common import engine
-from fedlnl.methods.common.params import Method, Params, param, rule
+from fedlnl.methods.common.params import Method, Params, linear, param, rule
 from fedlnl.methods.common.protocol import ClientUpdate, UpdatePlan, local_steps
 
 PCS_MODES = ("per_epoch", "cached")
@@ -269,9 +269,14 @@ class FedDivParams(Params):
                                    rule(integer, 0), convert=int)
     mixup_alpha: float = param("α of mixup's Beta(α, α)", rule(positive, "a Beta concentration > 0"), convert=float)
     eta: float = _nonneg("η of the class-prior regulariser L_reg (Eq. 15)")
-    posterior_threshold: float = param("clean iff the clean-component posterior ≥ it (Eq. 7)", rule(unit))
-    noisy_client_threshold: float = param("noisy client iff δ̂_k > it (text before Eq. 8)", rule(unit))
-    zeta: float = _share("ζ: global confidence a relabel needs (Eq. 8)")
+    posterior_threshold: float = param("clean iff the clean-component posterior ≥ it (Eq. 7)", rule(unit),
+                                       search=linear(0.3, 0.7, "our choice: around Eq. 7's 0.5"))
+    noisy_client_threshold: float = param("noisy client iff δ̂_k > it (text before Eq. 8)", rule(unit),
+                                          search=linear(0.05, 0.3, "our choice: around the 0.1 of the text before "
+                                                                   "Eq. 8"))
+    zeta: float = param("ζ: global confidence a relabel needs (Eq. 8)", rule(unit), convert=float,
+                        search=linear(0.5, 0.95, "FedDiv: ζ = 0.75 (Implementation, sensitivity figure), 0.70 "
+                                                 "(supplement); our range around them"))
     xi: float = _nonneg("ξ of the de-biased local prediction (Eq. 9)")
     m: float = param("m: momentum of the running mean prediction p̂_k (Eq. 12)",
                      rule(number, lambda v: 0.0 <= v < 1.0, "a momentum in [0, 1)"), convert=float)

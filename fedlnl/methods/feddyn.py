@@ -53,7 +53,7 @@ import torch.nn.functional as F
 from fedlnl.conf.checks import flag, number, positive
 from fedlnl.methods.common import engine
 from fedlnl.methods.common.optimizers import ClipGrad, FusedDecay
-from fedlnl.methods.common.params import Method, Params, param, rule
+from fedlnl.methods.common.params import Method, Params, among, param, rule
 from fedlnl.methods.common.protocol import ClientUpdate
 
 
@@ -63,7 +63,9 @@ class FedDynParams(Params):
 
     lr_decay: float = param("per-round factor of the local learning rate",
                             rule(number, lambda v: 0 < v <= 1, "a per-round factor in (0, 1]"))
-    alpha: float = param("α: the dynamic regulariser's weight", rule(positive, "a regularisation weight α > 0"))
+    alpha: float = param("α: the dynamic regulariser's weight", rule(positive, "a regularisation weight α > 0"),
+                         search=among([0.001, 0.01, 0.1], "FedDyn (Acar et al., ICLR 2021), appendix: α searched in "
+                                                          "{0.1, 0.01, 0.001}"))
     adaptive_alpha: bool = param("α_k = α·mean(n)/n_k as the official code (false: one α)", rule(flag))
     max_grad_norm: float | None = param("local gradient-norm clip; null = none",
                                         rule(number, lambda v: v > 0, "null or a norm > 0", optional=True))

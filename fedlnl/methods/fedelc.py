@@ -67,7 +67,7 @@ from fedlnl.conf.checks import flag, nonnegative, positive
 from fedlnl.methods.common import engine, semisup
 from fedlnl.methods.common.noisyclients import (DetectionParams, adjustment, detect_clients, la_loss,
                                                  two_stage_aggregate)
-from fedlnl.methods.common.params import param, rule
+from fedlnl.methods.common.params import around, log_range, param, rule
 from fedlnl.methods.common.protocol import ClientUpdate
 from fedlnl.methods.common.stores import SampleStore
 from fedlnl.methods.fedavg import FedAvg
@@ -104,10 +104,16 @@ class FedELCParams(DetectionParams):
 
     K: float = param("initial label vector K·onehot(y)", rule(positive, "a label scale K > 0"), convert=float)
     lambda_: float = param("λ: the label learning rate", rule(nonnegative, "a label learning rate λ >= 0"),
-                           convert=float)
+                           convert=float,
+                           search=around(10, "our choice: ×/÷ 10 around the code's λ = 1000 (the paper's method "
+                                             "section was not readable, methods.md §22)"))
     alpha: float = param("α: weight of the compatibility term L_o", rule(nonnegative, "a loss weight >= 0"),
-                         convert=float)
-    beta: float = param("β: weight of the entropy term", rule(nonnegative, "a loss weight >= 0"), convert=float)
+                         convert=float,
+                         search=log_range(0.1, 2.0, "our choice: around the code's α = 0.5 and its comment's 1.0 "
+                                                    "(methods.md §22.3)"))
+    beta: float = param("β: weight of the entropy term", rule(nonnegative, "a loss weight >= 0"), convert=float,
+                        search=log_range(0.05, 1.0, "our choice: around the code's β = 0.2 and its comment's 0.5 "
+                                                    "(methods.md §22.3)"))
     merge_prediction: bool = param("ablation: merge the label vectors with the model's prediction after training",
                                    rule(flag))
 

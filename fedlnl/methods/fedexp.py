@@ -36,7 +36,7 @@ import torch
 
 from fedlnl.conf.checks import choice, flag, positive
 from fedlnl.methods.common import engine, robust
-from fedlnl.methods.common.params import Params, param, rule
+from fedlnl.methods.common.params import Params, around, param, rule
 from fedlnl.methods.fedavg import FedAvg
 
 ANCHORS = ("round", "initial")
@@ -58,7 +58,8 @@ def extrapolate(ref: torch.Tensor, avg: torch.Tensor, eta: float) -> torch.Tenso
 class FedExPParams(Params):
     """FedExP's own numbers (conf/method/fedexp.yaml; docs/methods.md §20.1)."""
 
-    eps: float = param("ε of the server step size's denominator", rule(positive, "a denominator constant ε > 0"))
+    eps: float = param("ε of the server step size's denominator", rule(positive, "a denominator constant ε > 0"),
+                       search=around(10, "our choice: ×/÷ 10 around the official code's ε = 1e-3 (methods.md §20.1)"))
     anchor: str = param("Δ_k = w_k − w^t (round) | w_k − w^0 every round (initial)", rule(choice, ANCHORS))
     entries: str = param("norms and extrapolation over parameters | every state-dict entry (all)",
                          rule(choice, ENTRIES))

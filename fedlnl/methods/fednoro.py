@@ -97,7 +97,7 @@ from fedlnl.methods.common.noisyclients import (  # noqa: F401  (the shared piec
     DISTANCES, GMM_SEEDS, adjustment, daagg_weights, detect_clients, detect_noisy_clients, gmm_noisy, gmm_seed_list,
     la_loss, model_distance, normalise_columns, per_class_losses, two_stage_aggregate)
 from fedlnl.methods.common.noisyclients import DetectionParams
-from fedlnl.methods.common.params import param, rule
+from fedlnl.methods.common.params import around, linear, param, rule
 from fedlnl.methods.fedavg import FedAvg
 
 KD_STUDENTS = ("plain", "adjusted")
@@ -140,11 +140,14 @@ class FedNoRoParams(DetectionParams):
     """FedNoRo's own numbers (conf/method/fednoro.yaml names each value's source; docs/methods.md §18)."""
 
     lambda_: float = param("a: the KD weight λ after the ramp",
-                           rule(number, lambda v: 0 <= v <= 1, "a loss weight λ in [0, 1]"), convert=float)
+                           rule(number, lambda v: 0 <= v <= 1, "a loss weight λ in [0, 1]"), convert=float,
+                           search=linear(0.1, 1.0, "our choice: around the code's a = 0.8, within the weight's [0, 1] "
+                                                   "(the paper's method section was not available, methods.md §18)"))
     lambda_rampup: bool = param("λ rises as a·exp(−5(1 − s)²) (false: λ = a from the start)", rule(flag))
     rampup_begin: int = param("t0 of the λ ramp, an absolute round", rule(integer, 0))
     rampup_rounds: int = param("R: rounds of the λ ramp", rule(integer, 0))
-    kd_temperature: float = param("T dividing the teacher's logits", rule(positive, "a temperature > 0"), convert=float)
+    kd_temperature: float = param("T dividing the teacher's logits", rule(positive, "a temperature > 0"), convert=float,
+                                  search=around(4, "our choice: ×/÷ 4 around the code's T = 0.8 (methods.md §18)"))
     logit_adjust: bool = param("ablation: L_LA (false: plain CE everywhere)", rule(flag))
     kd: bool = param("ablation: KD for noisy clients (false: L_LA as the clean ones)", rule(flag))
     kd_student: str = param("the KD student: logit-adjusted log-softmax (adjusted, code) | plain",

@@ -32,7 +32,7 @@ import torch.nn.functional as F
 
 from fedlnl.conf.checks import choice, flag, number
 from fedlnl.methods.common import engine
-from fedlnl.methods.common.params import Params, param, rule
+from fedlnl.methods.common.params import Params, among, param, rule
 from fedlnl.methods.fedavg import FedAvg
 
 
@@ -41,7 +41,9 @@ class FedProxParams(Params):
     """FedProx's own numbers (conf/method/fedprox.yaml; docs/methods.md §5)."""
 
     mu: float = param("proximal weight μ of Eq. 2 (0 = FedAvg)",
-                      rule(number, lambda v: v >= 0, "a proximal weight μ >= 0 (0 = FedAvg)"))
+                      rule(number, lambda v: v >= 0, "a proximal weight μ >= 0 (0 = FedAvg)"),
+                      search=among([0.001, 0.01, 0.1, 1.0], "FedProx (Li et al., MLSys 2020) §5.2: μ selected from "
+                                                            "{0.001, 0.01, 0.1, 1}"))
     prox_form: str = param("the prox term: half_squared μ/2·‖w − w_g‖² (paper) | norm μ·‖w − w_g‖ (Q24)",
                            rule(choice, engine.PROX_FORMS))
     prox_skip_first: bool = param("no prox on the first batch of every epoch (Q24)", rule(flag))

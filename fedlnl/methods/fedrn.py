@@ -9,11 +9,12 @@ opening of the introduction were reachable as text (methods.md §22 lists the ad
 equation is cited by number and the "paper" column below is inferred (methods.md §22.2).
 
 FedAvg (n_k-weighted) in two phases within the budget ``fl.rounds`` = T:
-1. **Warm-up** (rounds t < ⌊``warmup_ratio``·T⌋; both codes: 20 %): plain local training. Every
-   client that trains also uploads its *expertise* e_k (accuracy of its new local model on its own
-   observed labels) and its *signature* s_k = f_k(z) (the local model's logits on one fixed Gaussian
-   input z drawn once per run), C + 1 floats counted in ``bytes_up``. The server keeps each client's
-   latest model, e_k and s_k (``common.stores.ModelCache``).
+1. **Warm-up** (rounds t < ⌊``warmup_ratio``·T⌋; both codes: 20 %; the quickstart's ``digits``: 67 %,
+   methods.md §22.2): plain local training. Every client that trains also uploads its *expertise*
+   e_k (accuracy of its new local model on its own observed labels) and its *signature*
+   s_k = f_k(z) (the local model's logits on one fixed Gaussian input z drawn once per run), C + 1
+   floats counted in ``bytes_up``. The server keeps each client's latest model, e_k and s_k
+   (``common.stores.ModelCache``; when: switch RN2 below).
 2. **Reliable neighbours** (the remaining rounds), for a selected client k:
    - reliability of every other cached client j: min-max normalise, over k and the candidates,
      the expertise e and the similarity cos(s_k, s_j) (cos(s_k, s_k) = 1 included); score
@@ -34,8 +35,18 @@ neither counts downloads, of the global model or of neighbours. The neighbour mo
 receives are counted by the method: ``neighbour_models`` (this round) and ``bytes_down_extra``
 (cumulative bytes of those models, state dicts as stored) in every metrics row.
 
-Switch (the paper's text was not available, so the default is the code's form; the inferred paper
-form is settable):
+Switches (the paper's method section was not available; RN1 is the code's form in both fidelities,
+RN2 follows ``fidelity``):
+- RN1 ``score_augment``: expertise and GMM losses on augmented views (code) or plain ones (inferred).
+- RN2 ``neighbour_cache``: when an upload joins the server's cache. ``aggregation`` (``fidelity=paper``,
+  inferred: the readable parts of the paper say nothing on it; in the federated protocol a round's
+  clients train in parallel, so a client can only receive models uploaded in earlier rounds) or
+  ``immediate`` (``fidelity=reference``: the official code trains the round's clients one after
+  another and refreshes each client's ``net1``, expertise and arbitrary output as soon as it has
+  trained, so a later client of the same round may pick it as neighbour). Under ``immediate`` the
+  result depends on the order of the round's clients; it is the order the runner hands them over,
+  the sampled cohort in ascending id (the code: ``np.random.choice``'s draw order), so a config and
+  seed still give one result.
 
 Values and sources of each key: docs/methods.md §23.30; what each key is: ``FedRNParams``.
 
@@ -63,12 +74,15 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from fedlnl.conf.checks import flag, integer, number, positive, unit
+from fedlnl.conf.checks import choice, flag, integer, number, positive, unit
 from fedlnl.methods.common import engine, semisup
 from fedlnl.methods.common.protocol import ClientUpdate, UpdatePlan, local_steps
 from fedlnl.methods.common.stores import ModelCache
-from fedlnl.methods.common.params import Params, param, rule
+from fedlnl.methods.common.params import Params, ints, linear, param, rule
 from fedlnl.methods.fedavg import FedAvg
+
+
+NEIGHBOUR_CACHES = ("aggregation", "immediate")
 
 
 # ----------------------------------------------------------------------------------- reliability
@@ -111,14 +125,22 @@ class FedRNParams(Params):
 
     warmup_ratio: float = param("FedAvg warm-up share of the rounds", rule(unit, "a share of the rounds in [0, 1]"))
     num_neighbors: int = param("K: the most reliable neighbours whose cached models join the GMM ensemble",
-                               rule(integer, 0))
-    w_alpha: float = param("α: weight of expertise vs similarity in the reliability", rule(unit, "a weight α in [0, 1]"))
+                               rule(integer, 0),
+                               search=ints(1, 4, "our choice: FNBench's K = 1 to twice the official K = 2 "
+                                                 "(methods.md §22.2)"))
+    w_alpha: float = param("α: weight of expertise vs similarity in the reliability", rule(unit, "a weight α in [0, 1]"),
+                           search=linear(0.0, 1.0, "our choice: the whole weight range (official argparse 0.5, "
+                                                   "run.sh 0.6; methods.md §22.2)"))
     p_threshold: float = param("clean iff probability > p_threshold",
-                               rule(number, lambda v: 0 < v < 1, "a probability in (0, 1)"))
+                               rule(number, lambda v: 0 < v < 1, "a probability in (0, 1)"),
+                               search=linear(0.3, 0.7, "our choice: around both codes' 0.5 (methods.md §22.2)"))
     gmm_max_iter: int = param("GMM: EM steps at most", rule(integer, 1))
     gmm_tol: float = param("GMM: convergence tolerance", rule(positive))
     gmm_reg_covar: float = param("GMM: variance floor", rule(positive))
     score_augment: bool = param("RN1: expertise and GMM losses on augmented views (code)", rule(flag))
+    neighbour_cache: str = param("RN2: a client's upload joins the server's cache at aggregation (paper) | as soon "
+                                 "as it is trained, so later clients of the round may pick it (immediate, code)",
+                                 rule(choice, NEIGHBOUR_CACHES))
 
     @functools.cached_property
     def gmm(self) -> dict:
@@ -161,7 +183,15 @@ class FedRN(FedAvg):
             update = self._reliable_update(state, client, ctx)
         expertise, signature = self._profile(state, state["model"], client, ctx)
         update.payload = {"expertise": expertise, "signature": signature}
+        if self.neighbour_cache == "immediate":  # RN2: the code updates the client object before the next one trains
+            self._remember(state, update)
         return update
+
+    @staticmethod
+    def _remember(state, update) -> None:
+        """Cache ``update``'s model (a CPU copy), expertise and signature under its client."""
+        state["cache"].put(update.client, {n: t.to("cpu") for n, t in update.weights.items()},
+                           expertise=float(update.payload["expertise"]), signature=update.payload["signature"].cpu())
 
     def _profile(self, state, model, client, ctx) -> tuple[float, torch.Tensor]:
         """(e_k, s_k): accuracy on the client's observed labels and logits on the probe, eval mode."""
@@ -228,9 +258,9 @@ class FedRN(FedAvg):
     # ------------------------------------------------------------------ server
     def aggregate(self, state, updates, ctx):
         state, metrics = super().aggregate(state, updates, ctx)
-        for u in updates:  # the server keeps every uploaded model with its expertise and signature
-            state["cache"].put(u.client, {n: t.to("cpu") for n, t in u.weights.items()},
-                               expertise=float(u.payload["expertise"]), signature=u.payload["signature"].cpu())
+        if self.neighbour_cache == "aggregation":  # the server keeps every uploaded model with e_k and s_k
+            for u in updates:
+                self._remember(state, u)
         sent = sum(u.metrics.get("neighbour_bytes", 0) for u in updates)
         state["bytes_down_extra"] += sent
         if ctx.round >= self.warmup_rounds(ctx):

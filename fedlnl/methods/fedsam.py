@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 from fedlnl.conf.checks import number
 from fedlnl.methods.common import engine, optimizers
-from fedlnl.methods.common.params import Params, param, rule
+from fedlnl.methods.common.params import Params, log_range, param, rule
 from fedlnl.methods.fedavg import FedAvg
 
 
@@ -38,7 +38,9 @@ class FedSAMParams(Params):
     """FedSAM's own number (conf/method/fedsam.yaml)."""
 
     rho: float = param("SAM radius ρ of the ascent step (0 = FedAvg)",
-                       rule(number, lambda v: v >= 0, "a SAM radius ρ >= 0 (0 = FedAvg)"))
+                       rule(number, lambda v: v >= 0, "a SAM radius ρ >= 0 (0 = FedAvg)"),
+                       search=log_range(0.01, 0.5, "our choice: a log range over the FedSAM codes' values (0.05 "
+                                                   "FNBench, 0.1 the CIFAR-10 script; methods.md §20.2)"))
 
 
 class FedSAM(FedAvg):

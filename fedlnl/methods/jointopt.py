@@ -43,7 +43,7 @@ from dataclasses import dataclass
 
 from fedlnl.conf.checks import integer, nonnegative
 from fedlnl.methods.common import engine, semisup
-from fedlnl.methods.common.params import param, rule
+from fedlnl.methods.common.params import around, param, rule
 from fedlnl.methods.common.protocol import ClientUpdate, UpdatePlan, local_steps
 from fedlnl.methods.fedavg import FedAvg
 
@@ -53,8 +53,11 @@ class JointOptParams(semisup.TwoStageParams):
     """JointOpt as local training (conf/method/jointopt.yaml; docs/methods.md §11): its schedule and JointOpt's numbers."""
 
     alpha: float = param("α_Jo: weight of L_p (KL from the uniform prior to the batch-mean prediction)",
-                         rule(nonnegative))
-    beta: float = param("β_Jo: weight of L_e (mean prediction entropy)", rule(nonnegative))
+                         rule(nonnegative),
+                         search=around(3, "our choice: ×/÷ 3 around JointOpt's α = 1.2 (Tanaka et al., CVPR 2018, "
+                                          "CIFAR-10 symmetric noise)"))
+    beta: float = param("β_Jo: weight of L_e (mean prediction entropy)", rule(nonnegative),
+                        search=around(3, "our choice: ×/÷ 3 around JointOpt's β = 0.8 (Tanaka et al., CVPR 2018)"))
     window: int = param("soft label = mean prediction over a client's last `window` JointOpt epochs", rule(integer, 1))
     begin: int = param("label updating starts once a client has run `begin` JointOpt epochs", rule(integer, 1))
 

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 from fedlnl.conf.checks import integer, nonnegative, positive, unit
 from fedlnl.methods.common import engine, semisup
-from fedlnl.methods.common.params import Method, Params, param, rule
+from fedlnl.methods.common.params import LR, Method, Params, around, param, rule
 from fedlnl.methods.common.protocol import ALL_CLIENTS, ClientUpdate, UpdatePlan, client_size, local_steps
 
 
@@ -47,11 +47,16 @@ class JointOptCentralParams(Params):
     epochs_per_round: int = param("epochs one runner round trains", rule(integer, 1))
     begin: int = param("labels are updated from this epoch on", rule(integer, 1))
     window: int = param("soft label = mean prediction over the last `window` epochs", rule(integer, 1))
-    alpha: float = param("α: weight of L_p", rule(nonnegative))
-    beta_low: float = param("β of the low-noise group", rule(nonnegative))
-    beta_high: float = param("β of the high-noise group", rule(nonnegative))
-    lr_low: float = param("learning rate of the low-noise group", rule(positive))
-    lr_high: float = param("learning rate of the high-noise group", rule(positive))
+    alpha: float = param("α: weight of L_p", rule(nonnegative),
+                         search=around(3, "our choice: ×/÷ 3 around JointOpt's α = 1.2 (Tanaka et al., CVPR 2018)"))
+    beta_low: float = param("β of the low-noise group", rule(nonnegative),
+                            search=around(3, "our choice: ×/÷ 3 around the code's β of the group"))
+    beta_high: float = param("β of the high-noise group", rule(nonnegative),
+                             search=around(3, "our choice: ×/÷ 3 around the code's β of the group"))
+    lr_low: float = param("learning rate of the low-noise group", rule(positive),
+                          search=LR)
+    lr_high: float = param("learning rate of the high-noise group", rule(positive),
+                           search=LR)
     high_noise_from: float = param("the group is high when ρ(1+τ)/2 >= it (semisup.noise_group)", rule(unit))
     noise_rho: float = param("ρ of the run's noise config (interpolated)", rule(unit))
     noise_tau: float = param("τ of the run's noise config (interpolated)", rule(unit))
@@ -63,6 +68,10 @@ class JointOptCentralParams(Params):
     @functools.cached_property
     def high(self) -> bool:
         return semisup.noise_group(self.noise_rho, self.noise_tau, self.high_noise_from) == "high"
+
+    def unread(self) -> frozenset[str]:
+        """The other noise group's β and lr."""
+        return frozenset({"beta_low", "lr_low"} if self.high else {"beta_high", "lr_high"})
 
     @property
     def beta(self) -> float:

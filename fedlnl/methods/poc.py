@@ -37,7 +37,7 @@ import numpy as np
 
 from fedlnl.conf.checks import flag, integer
 from fedlnl.methods.common import engine
-from fedlnl.methods.common.params import Params, param, rule
+from fedlnl.methods.common.params import Params, around, param, rule
 from fedlnl.methods.common.protocol import Planned
 from fedlnl.methods.fedavg import FedAvg
 
@@ -60,7 +60,9 @@ def highest_loss(candidates: list[int], losses: list[float], m: int) -> list[int
 class PoCParams(Params):
     """Power-of-choice's own numbers (conf/method/poc.yaml)."""
 
-    d: int = param("candidate pool size d (>= the clients per round)", rule(integer, 1))
+    d: int = param("candidate pool size d (>= the clients per round)", rule(integer, 1),
+                   search=around(2, "our choice: ×/÷ 2 around FedCorr's d (30; digits 10, the quickstart's m = 5 to "
+                                    "N = 20); pow-d reports several d per m, no range", integer=True))
     weighted: bool = param("n_k-weighted average (false: 1/m, sampling is already ∝ n_k)", rule(flag))
     fixed_candidates: bool = param("one candidate pool for the whole run (false: a fresh pool every round)", rule(flag))
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 from fedlnl.conf.checks import choice, flag, integer, nonnegative, positive
 from fedlnl.methods.common import robust
-from fedlnl.methods.common.params import Params, param, rule
+from fedlnl.methods.common.params import Params, around, ints, param, rule
 from fedlnl.methods.fedavg import FedAvg
 
 
@@ -35,8 +35,11 @@ from fedlnl.methods.fedavg import FedAvg
 class RFAParams(Params):
     """RFA's own numbers (conf/method/rfa.yaml; docs/methods.md §19.3)."""
 
-    nu: float = param("smoothing ν of the Weiszfeld weights", rule(positive, "a smoothing ν > 0"))
-    max_iter: int = param("Weiszfeld steps at most", rule(integer, 0))
+    nu: float = param("smoothing ν of the Weiszfeld weights", rule(positive, "a smoothing ν > 0"),
+                      search=around(10, "our choice: ×/÷ 10 around the official code's ν = 1e-5 (methods.md §19.3)"))
+    max_iter: int = param("Weiszfeld steps at most", rule(integer, 0),
+                          search=ints(1, 10, "our choice: from one Weiszfeld step to FNBench's 10 (official code 2; "
+                                             "methods.md §19.3)"))
     tol: float = param("stopping tolerance of the rule ``stop``", rule(nonnegative, "a tolerance >= 0"))
     stop: str = param("stop on the relative change of the objective | on the step length", rule(choice, robust.STOPS))
     weighted: bool = param("α_k = n_k / Σ n (false: 1/m)", rule(flag))

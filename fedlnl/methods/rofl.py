@@ -111,7 +111,7 @@ import torch.nn.functional as F
 
 from fedlnl.conf.checks import flag, integer, nonnegative
 from fedlnl.methods.common import engine, scatter
-from fedlnl.methods.common.params import NOISE, Params, param, rate, rule
+from fedlnl.methods.common.params import NOISE, Params, around, param, rate, rule
 from fedlnl.methods.common.protocol import ClientUpdate, UpdatePlan, local_steps
 from fedlnl.methods.fedavg import FedAvg
 
@@ -172,12 +172,18 @@ class RoFLParams(Params):
     """RoFL's own numbers (conf/method/rofl.yaml; docs/methods.md §6, R-numbers there)."""
 
     T_pl: int = param("round from which kept samples that disagree with the centroids train on the global pseudo-label",
-                      rule(integer, 1))
+                      rule(integer, 1),
+                      search=around(2, "our choice: ×/÷ 2 around the round FedCorr scales from the code's T_pl (the "
+                                       "RoFL paper text was not available, methods.md §0)", integer=True))
     forget_rate: float | str = rate("share of each batch dropped as large-loss, or noise (the nominal rate, R3)")
     num_gradual: int = param("rounds over which the forget rate rises to its value", rule(integer, 1))
     lambda_cen: float = param("weight of the centroid loss (ramped t/T_pl before T_pl, 0 in the first round)",
-                              rule(nonnegative, "a weight >= 0"))
-    lambda_e: float = param("weight of the entropy term", rule(nonnegative, "a weight >= 0"))
+                              rule(nonnegative, "a weight >= 0"),
+                              search=around(10, "our choice: ×/÷ 10 around the code's λ_cen = 1 (RoFL paper text not "
+                                                "available)"))
+    lambda_e: float = param("weight of the entropy term", rule(nonnegative, "a weight >= 0"),
+                            search=around(4, "our choice: ×/÷ 4 around the code's λ_e = 0.8 (RoFL paper text not "
+                                             "available)"))
     detach_cen: bool = _flag("R1: the centroid loss does not reach the features (a no-op term)")
     weighted_avg: bool = _flag("R2: n_k-weighted averaging (false: unweighted mean)")
     pl_augment: bool = _flag("R5: pseudo-label and centroid-init passes on augmented views")

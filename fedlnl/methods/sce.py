@@ -23,7 +23,7 @@ import torch.nn.functional as F
 
 from fedlnl.conf.checks import nonnegative, number
 from fedlnl.methods.common import engine
-from fedlnl.methods.common.params import Params, param, rule
+from fedlnl.methods.common.params import Params, log_range, param, rule
 from fedlnl.methods.fedavg import FedAvg
 
 
@@ -52,8 +52,13 @@ def rce_loss(logits: torch.Tensor, labels: torch.Tensor, A: float, p_min: float 
 class SCEParams(Params):
     """SCE's own numbers (conf/method/sce.yaml; docs/methods.md §21, L-numbers there)."""
 
-    alpha: float = param("α: weight of the cross-entropy term", rule(nonnegative, "a weight >= 0"))
-    beta: float = param("β: weight of the reverse cross-entropy term", rule(nonnegative, "a weight >= 0"))
+    alpha: float = param("α: weight of the cross-entropy term", rule(nonnegative, "a weight >= 0"),
+                         search=log_range(0.01, 10.0, "SCE's official run configurations use α = 0.01 (MNIST) to 6.0 "
+                                                      "(CIFAR-100) (methods.md §23.26): a log range over them"))
+    beta: float = param("β: weight of the reverse cross-entropy term", rule(nonnegative, "a weight >= 0"),
+                        search=log_range(0.1, 2.0, "SCE's official run configurations use β = 0.1 (CIFAR-100) to 1.0 "
+                                                   "(CIFAR-10, MNIST) (methods.md §23.26): a log range over them, "
+                                                   "doubled above"))
     A: float = param("L6: log 0 := A in the reverse cross-entropy", rule(number, lambda v: v < 0, "a number < 0 (log 0 := A)"))
     p_min: float = param("L7: p clamped to [p_min, 1] inside ℓ_RCE (0: unclamped)",
                          rule(number, lambda v: 0 <= v < 1, "a probability floor in [0, 1)"))

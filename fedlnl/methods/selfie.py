@@ -48,7 +48,7 @@ import torch.nn.functional as F
 
 from fedlnl.conf.checks import flag, integer, number
 from fedlnl.methods.common import engine, history, lnl, semisup
-from fedlnl.methods.common.params import Method, Params, param, rate, rule
+from fedlnl.methods.common.params import Method, Params, linear, log_range, param, rate, rule
 from fedlnl.methods.common.protocol import ClientUpdate
 
 
@@ -81,9 +81,13 @@ class SELFIEParams(Params):
     noise_rate: float | str = rate("τ of the clean (small-loss) share ⌈(1 − τ)·batch⌉, or noise (the nominal rate)")
     q: int = param("history length: the last q predictions per sample", rule(integer, 1))
     epsilon: float = param("uncertainty threshold ε of a refurbishable sample",
-                           rule(number, lambda v: 0 <= v <= 1, "a normalised uncertainty in [0, 1]"))
+                           rule(number, lambda v: 0 <= v <= 1, "a normalised uncertainty in [0, 1]"),
+                           search=log_range(0.01, 0.2, "our choice: around the official README's ε = 0.05 (from its "
+                                                       "grid search, whose range is not given; methods.md §21.4)"))
     warmup_share: float = param("warm-up rounds = ⌊warmup_share·rounds⌋",
-                                rule(number, lambda v: 0 <= v <= 1, "a share of the rounds in [0, 1]"))
+                                rule(number, lambda v: 0 <= v <= 1, "a share of the rounds in [0, 1]"),
+                                search=linear(0.1, 0.5, "our choice: around FNBench's 0.2 (the paper's 25 of 100 "
+                                                        "epochs = 0.25)"))
     full_history: bool = param("L10: refurbish only with q predictions (false: empty slots count as class 0)",
                                rule(flag))
     history_first: bool = param("L11: the batch's own prediction enters its history before the decision",

@@ -49,6 +49,8 @@ from fedlnl.benchmark.rundir import completed, config_hash
 log = logging.getLogger("fedlnl")
 
 POLL_S = 15  # seconds between two looks at the queue (squeue) and the accounting (sacct)
+#: the namespace the plugin's task code reads ``run_job`` from (its module, as its function sees it)
+_SUBMITIT_GLOBALS = SubmititSlurmLauncher.__call__.__globals__
 
 
 def _key(override: str) -> str:
@@ -58,6 +60,10 @@ def _key(override: str) -> str:
 class SlurmLauncher(SubmititSlurmLauncher):
     # ------------------------------------------------------------------ in the task
     def __call__(self, sweep_overrides: list[str], *args: Any) -> JobReturn:
+        from fedlnl.benchmark.sweeper import guarded_run_job
+
+        # a cell another live process holds gets nothing written into its directory (no .hydra/, no log)
+        _SUBMITIT_GLOBALS["run_job"] = guarded_run_job
         ret = super().__call__(sweep_overrides, *args)
         if ret.status == JobStatus.FAILED:
             log.error("cell failed: %s", " ".join(sweep_overrides), exc_info=ret._return_value)

@@ -83,16 +83,38 @@ Partial sweeps: only the columns holding a run are shown; the cells of the refer
 runs are one line per row (count and compact range), all listed in notes.md (``--full-grid``: every
 column). Notes: one line per kind under the table (count, cells touched), in full in notes.md.
 
-Metric: ``--metric`` best_acc (default), final_acc, last10_acc or their balanced versions
+Metric (``report.metric``): ``--metric`` auto (default: ``selected_acc``, the test accuracy at the
+round of best noisy-validation accuracy, when every complete run has one, i.e. ran with
+``selection.val_share`` > 0; else ``best_acc``, the papers' protocol, and a note when the runs mix
+both), selected_acc (alias ``selected``), best_acc, final_acc, last10_acc or their balanced versions
 (``balanced_acc`` = best_balanced_acc beside last10_balanced_acc, costs from
-cost_to_target_balanced, curves from metrics.jsonl's balanced_acc); runs without the metric are one
-line. Bad input (empty directory, a reference CSV that is malformed or matches no run, bad options):
-one ``fedlnl-report: error:`` line, exit code 2.
+cost_to_target_balanced, curves from metrics.jsonl's balanced_acc); ``--beside`` (default: last10
+of the same accuracy). Every table names its metric in words: the caption (md, tex comment, html),
+a ``metric`` column in accuracy/ranks/wtl/agreement.csv, the heading of stats.md. With
+selected_acc, paper values are the papers' best_acc (their protocol; the caption says so); the
+per-run curve.png marks the selected round. Runs without the metric are one line.
+
+Clean-data control (``report.control``, issue 32): at ρ = τ = 0 a row "degrades clean data" (‡ after
+its main value, a note line) when it trails FedAvg by more than the papers' own (0,0) gap + 3
+points, or its last-10 accuracy is more than 3 points below its best.
+
+Per-client accuracy (``report.clients``): clients.{md,csv} (client_acc_mean, client_acc_worst10,
+client_gap: mean ± std over seeds, at each run's reported round) and clients.png (accuracy per
+client vs its realised noise rate, one panel per method, a row per family); without the keys one
+note line.
+
+Win/tie/loss matrix: only the rows with a tested pair; none tested (one seed): one line saying why.
+
+Bad input (empty directory, a reference CSV that is malformed or matches no run, bad options, an
+``--out`` that cannot be written): one ``fedlnl-report: error:`` line on stderr, exit code 2; a write
+failing midway: exit 1. The report folder holds an ``INCOMPLETE`` file from the first file written
+to the last (an earlier report's files, ``cli.OUTPUTS``, are removed first): an interrupted report
+(Ctrl-C: exit 130, SIGTERM: 143, or killed) keeps it.
 
 Outputs in DIR/report: report.html (self-contained: every table and figure, statistics, notes,
 the commands that made the runs), accuracy.{md,csv,tex} (``--metric`` and, beside it in every
 column, ``--beside``), stats.{md,json}, ranks.csv, wtl.csv, agreement.csv (presets), notes.md,
-comm.{md,csv,tex}, detection.{md,csv,tex} (noisy-client P/R/F1, μ̂ MAE, relabel accuracy, noise
+clients.{md,csv}, clients.png, comm.{md,csv,tex}, detection.{md,csv,tex} (noisy-client P/R/F1, μ̂ MAE, relabel accuracy, noise
 after correction: mean ± std over seeds), compute.{md,csv} (CPU minutes, wall minutes and local
 steps per run: mean ± std over seeds; the sweep's CPU hours with each shared prefix counted once),
 noise.{md,csv} (requested vs realised noise per column and seed), acc_vs_cost.png (mean accuracy over seeds vs communication cost, one panel per column titled

@@ -5,34 +5,37 @@ import argparse
 import json
 import logging
 import math
+import signal
+import sys
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
 
-from fedlnl.benchmark.metrics import summary_metrics
 from fedlnl.benchmark.report import html, plots, stats, wandb_log
-from fedlnl.benchmark.report.cells import (NOT_RUN, OTHER_FAMILY, canon, fmt, resolve_key, row_families,
+from fedlnl.benchmark.report.cells import (OTHER_FAMILY, canon, fmt, resolve_key, row_families,
                                            with_columns)
+from fedlnl.benchmark.report.clients import clients_caption, clients_table, has_client_scores
 from fedlnl.benchmark.report.commands import run_commands
+from fedlnl.benchmark.report.control import (BASELINE, MARGIN, clean_control, control_caption, control_lines,
+                                             failed)
 from fedlnl.benchmark.report.figures import FIGURE_MODES, write_figures
 from fedlnl.benchmark.report.loading import ReportInputError, load_summaries
+from fedlnl.benchmark.report.metric import (ALIASES, AUTO, METRICS, SELECTED, Metric, default_metric, describe,
+                                            resolve_metric)
 from fedlnl.benchmark.report.reference import (add_missing_cells, drop_empty_columns, load_reference, matches,
                                                missing_cells, missing_summary, reference_note, reference_paths,
                                                run_identity)
-from fedlnl.benchmark.report.tables import (accuracy_grid, accuracy_table, column_values, comm_latex,
+from fedlnl.benchmark.report.tables import (CLEAN_MARK, accuracy_grid, accuracy_table, column_values, comm_latex,
                                             comm_markdown, comm_sections, comm_table, compute_table,
                                             detection_table, effective_diffs, effective_warnings, incomplete_runs,
                                             missing_seeds, noise_markdown, noise_table, score_grid, stats_caption,
                                             sweep_cpu_hours, to_latex, to_markdown, with_family)
+from fedlnl.benchmark.report.tuning import tuned_section
 
 log = logging.getLogger(__name__)
-BEST, FINAL, LAST = summary_metrics("acc")
-BEST_BALANCED, FINAL_BALANCED, LAST_BALANCED = summary_metrics("balanced_acc")
-METRICS = (BEST, FINAL, LAST, BEST_BALANCED, FINAL_BALANCED, LAST_BALANCED)
-#: ``--metric`` shorthands: (metric, default --beside)
-ALIASES = {"acc": (BEST, LAST), "balanced_acc": (BEST_BALANCED, LAST_BALANCED)}
 
 #: values ``fidelity=reference`` takes from the official code where the papers publish no setting
 CODE_DEFAULTS = (
@@ -47,39 +50,6 @@ CODE_DEFAULTS = (
 #: the caption's sentence on rows grouped by family (the statistics never look at the groups)
 GROUPED = (" Rows are grouped by method family (summary.json `family`, in fedlnl's FAMILIES order; by name "
            "within a family); bold, the tests and the ranks compare all rows, never only a family's.")
-
-
-@dataclass(frozen=True)
-class Metric:
-    """What the tables show: ``main`` (bold, tests, paper values), ``beside`` it, the summaries'
-    cost dict and the metrics.jsonl column the curves are drawn from."""
-    main: str = "best_acc"
-    beside: str | None = LAST
-
-    @property
-    def balanced(self) -> bool:
-        return "balanced" in self.main
-
-    @property
-    def cost_key(self) -> str:
-        return "cost_to_target_balanced" if self.balanced else "cost_to_target"
-
-    @property
-    def curve(self) -> str:
-        return "balanced_acc" if self.balanced else "acc"
-
-    @property
-    def shown(self) -> list[str]:
-        return [self.main] + ([self.beside] if self.beside not in (None, self.main) else [])
-
-
-def resolve_metric(metric: str, beside: str | None = "auto") -> Metric:
-    """``--metric`` (an alias or a summary key) and ``--beside`` ("auto": last-10 of the same
-    accuracy, "none": nothing) as a :class:`Metric`."""
-    main, auto = ALIASES.get(metric, (metric, LAST_BALANCED if "balanced" in metric else LAST))
-    if beside == "auto":
-        beside = auto
-    return Metric(main, None if beside in (None, "none") else ALIASES.get(beside, (beside,))[0])
 
 
 @dataclass
@@ -107,44 +77,104 @@ class Report:
     compute: pd.DataFrame | None = None
     compute_note: str = ""
     noise: pd.DataFrame | None = None
+    clients: pd.DataFrame | None = None
+    clients_note: str = ""
     commands: dict = field(default_factory=dict)
     families: dict | None = None  # {row: method family} when the rows are grouped by family
 
 
 def write_report(frame: pd.DataFrame, out: Path, rows: str = "method", by: Sequence[str] = (),
-                 metric: str | Metric = "best_acc", ratio_to=None, reference: pd.DataFrame | None = None,
+                 metric: str | Metric = AUTO, ratio_to=None, reference: pd.DataFrame | None = None,
                  figures: str = "summary", beside: str | None = "auto", *, alpha: float = 0.05,
                  test: str = "ttest", full_grid: bool = False, source: Path | None = None,
                  wandb: str = "auto") -> str:
     """Write every table, statistic and plot into ``out`` (and report.html); return the text
-    printed: the main Markdown table, its caption, the statistics in brief and one line per note."""
-    out.mkdir(parents=True, exist_ok=True)
-    metric = metric if isinstance(metric, Metric) else resolve_metric(metric, beside)
+    printed: the main Markdown table, its caption, the statistics in brief and one line per note.
+    ``metric`` "auto": :func:`metric.default_metric`. ``out`` holds an ``INCOMPLETE`` marker from
+    the first file written to the last, so an interrupted report is recognisable."""
+    open_output(out)
+    metric = metric if isinstance(metric, Metric) else (
+        default_metric(frame, beside) if metric == AUTO else resolve_metric(metric, beside))
     test_ = stats.Test(test, alpha)
     full = add_missing_cells(frame, reference)
     frame = full if full_grid else drop_empty_columns(full, rows, by)
     rep = Report(title=f"fedlnl report: {source.name if source else out.parent.name}", metric=metric,
                  commands=run_commands(frame) if source is not None else {}, families=row_families(frame, rows))
-    tables = [accuracy_table(frame, rows, by, m, reference if m == metric.main else None, test_) for m in metric.shown]
+    checks = clean_control(frame, rows, by, metric, reference)
+    tables = [accuracy_table(frame, rows, by, m, reference if m == metric.main else None, test_, metric.paper)
+              for m in metric.shown]
+    tables[0] = mark_failed(tables[0], rows, failed(checks))
     rep.tables = [with_family(t, rows, rep.families) for t in tables]
     rep.grid = side_by_side([accuracy_grid(t, rows) for t in tables], metric.shown)
-    about = " | ".join(f"{m} in %" for m in metric.shown) + ": mean ± std (population, ddof=0) over seeds, n = complete runs"
-    rep.caption = f"{about}. {stats_caption(tables[0], test_)}" + (GROUPED if rep.families else "")
+    rep.caption = (f"{metric.caption()}; mean ± std (population, ddof=0) over seeds, n = complete runs. "
+                   f"{stats_caption(tables[0], test_)}" + control_caption(checks, metric)
+                   + (GROUPED if rep.families else ""))
     if reference is not None:
-        rep.caption += " " + reference_note(reference)
+        rep.caption += " " + reference_note(reference) + paper_protocol(metric)
     rep.statistics = table_statistics(frame, tables[0], rows, by, metric.main, test_, reference is not None)
     rep.missing = missing_summary(full, rows, by) if not full_grid else []
-    rep.notes = notes(full, frame, rows, by, metric, full_grid, rep.families)
+    rep.notes = notes(full, frame, rows, by, metric, full_grid, rep.families, control_lines(checks))
     _write_tables(rep, frame, out, rows, by, ratio_to, reference)
     _write_statistics(rep, out, rows, draw=figures != "none")
     if figures != "none":
         write_figures(frame, out, rows, by, figures, metric.curve)
-    text = main_text(rep)
+    text = main_text(rep) + tuned_section(frame, rows)
     (out / "accuracy.md").write_text(text + "\nThe full notes: notes.md; statistics: stats.md.\n")
     (out / "notes.md").write_text(notes_markdown(rep))
     html.write_html(rep, out)
     wandb_log.maybe_log(rep, frame, out, wandb, source)
+    (out / INCOMPLETE).unlink(missing_ok=True)
     return text
+
+
+#: the file that marks a report folder being written (or left by an interrupted report)
+INCOMPLETE = "INCOMPLETE"
+#: the report's own top-level files: an earlier report's are removed first, so none survives into a
+#: report that no longer writes it (report.html embeds every PNG of the folder)
+OUTPUTS = ("report.html", "accuracy.md", "accuracy.csv", "accuracy.tex", "stats.md", "stats.json", "ranks.csv",
+           "wtl.csv", "agreement.csv", "notes.md", "comm.md", "comm.csv", "comm.tex", "detection.md", "detection.csv",
+           "detection.tex", "compute.md", "compute.csv", "noise.md", "noise.csv", "clients.md", "clients.csv",
+           "clients.png", "acc_vs_cost.png", "cd_diagram.png")
+
+
+class ReportOutputError(OSError):
+    """An output directory the report cannot write: printed as one line, exit code 2."""
+
+
+def open_output(out: Path) -> None:
+    """Create ``out``, put the ``INCOMPLETE`` marker in it and remove an earlier report's files
+    (``OUTPUTS``), or say in one line why it cannot."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / INCOMPLETE).write_text(
+            "fedlnl-report is writing this folder, or was interrupted (or failed) while writing it: its files may "
+            "be partial. A finished report removes this file.\n")
+        for name in OUTPUTS:
+            if (out / name).is_file():
+                (out / name).unlink()
+    except OSError as err:
+        raise ReportOutputError(f"--out {out}: cannot write the report there: {_why(out, err)}") from None
+
+
+def _why(out: Path, err: OSError) -> str:
+    """The reason of an output error in words: which path is a file, or the system's message."""
+    for path in (out, *out.parents):
+        if path.exists() and not path.is_dir():
+            return f"{path} is a file, not a directory"
+    return f"{err.strerror or err}" + (f" ({err.filename})" if err.filename else "")
+
+
+def mark_failed(table: pd.DataFrame, rows: str, cells: set) -> pd.DataFrame:
+    """The main accuracy table with ``degrades_clean``: whether the cell fails the clean-data control."""
+    return table.assign(degrades_clean=[(canon(r), c) in cells for r, c in zip(table[rows], table["column"])])
+
+
+def paper_protocol(metric: Metric) -> str:
+    """What the paper values are when the main metric is not the papers' own."""
+    if metric.paper == metric.main:
+        return ""
+    return (f" The paper values are the papers' {metric.paper} ({describe(metric.paper)}), beside our "
+            f"{metric.main}: the orderings compare, the protocols differ.")
 
 
 def main_text(rep: Report) -> str:
@@ -188,9 +218,11 @@ def table_statistics(frame: pd.DataFrame, table: pd.DataFrame, rows: str, by: Se
     means = means.reindex(index=list(dict.fromkeys(table[rows])), columns=list(dict.fromkeys(table["column"])))
     means = means.loc[means.notna().any(axis=1), means.notna().any(axis=0)]
     wtl_text, wtl_long = stats.win_tie_loss(values, test)
-    out = {"metric": metric, "test": test.name, "test_label": test.label, "min_n": test.min_n, "alpha": test.alpha,
+    shown, line = stats.tested_matrix(wtl_text, wtl_long, values, test)
+    out = {"metric": metric, "metric_description": describe(metric), "test": test.name, "test_label": test.label,
+           "min_n": test.min_n, "alpha": test.alpha,
            "friedman": stats.friedman(means, test.alpha), "wtl": wtl_long.to_dict("records"),
-           "wtl_text": wtl_text, "against_best": _against_best_records(table, rows)}
+           "wtl_text": shown, "wtl_line": line, "against_best": _against_best_records(table, rows)}
     if with_paper and "paper_mean" in table:
         out["agreement"] = stats.agreement(table, rows)
     return out
@@ -225,20 +257,22 @@ def _write_statistics(rep: Report, out: Path, rows: str, draw: bool = True) -> N
     st = rep.statistics
     fr = st["friedman"]
     if fr.get("mean_rank"):
-        with_family(pd.DataFrame({rows: list(fr["mean_rank"]), "mean_rank": list(fr["mean_rank"].values())}),
-                    rows, rep.families).to_csv(out / "ranks.csv", index=False)
+        with_family(pd.DataFrame({rows: list(fr["mean_rank"]), "mean_rank": list(fr["mean_rank"].values()),
+                                  "metric": st["metric"]}), rows, rep.families).to_csv(out / "ranks.csv", index=False)
         title = f"Mean rank of {st['metric']} over {fr['n']} cell(s)"
         title += f"; Friedman p = {fr['p']:.3g}, Nemenyi CD = {fr['cd']:.2f}" if fr.get("status") == "ok" else ""
         if draw:
             plots.plot_cd_diagram(fr["mean_rank"], fr.get("cd"), out / "cd_diagram.png", title, rep.families)
-    pd.DataFrame(st["wtl"]).to_csv(out / "wtl.csv", index=False)
+    pd.DataFrame(st["wtl"], columns=["row", "against", "win", "tie", "loss", "untested"]).assign(
+        metric=st["metric"]).to_csv(out / "wtl.csv", index=False)
     if "agreement" in st:
         cells = pd.DataFrame(st["agreement"]["cells"],
                              columns=["column", "n_methods", "tau", "p", "concordant", "discordant", "pairs", "ours",
                                       "paper"])
         pooled = {"column": "pooled", **{k: st["agreement"]["pooled"].get(k) for k in
                                          ("tau", "concordant", "discordant", "pairs")}}
-        pd.concat([cells, pd.DataFrame([pooled])], ignore_index=True).to_csv(out / "agreement.csv", index=False)
+        both = pd.concat([cells, pd.DataFrame([pooled])], ignore_index=True)
+        both.assign(metric=st["metric"], paper_metric=rep.metric.paper).to_csv(out / "agreement.csv", index=False)
     machine = {k: v for k, v in st.items() if k != "wtl_text"}
     (out / "stats.json").write_text(json.dumps(_finite(machine), indent=1, default=_json_default, allow_nan=False))
     (out / "stats.md").write_text(stats_markdown(rep, rows))
@@ -261,13 +295,16 @@ def _json_default(value):
 def stats_markdown(rep: Report, rows: str) -> str:
     st = rep.statistics
     parts = [f"# Statistics of {st['metric']}\n",
+             f"Metric: {describe(st['metric'])}, in %.\n",
              f"Per cell: {st['test_label']}, each method against the cell's best, Holm-corrected, "
              f"α = {st['alpha']:g} (accuracy.csv: p, p_holm, n_pairs, tie).\n"]
     parts += [f"- {line}" for line in stats_brief(st)]
     parts.append(f"\n## Win / tie / loss over cells (row vs column; tie = not significant at α = {st['alpha']:g}, "
                  "uncorrected, per cell)\n")
-    parts.append(to_markdown(st["wtl_text"].rename_axis(rows), families=rep.families) if len(st["wtl_text"])
-                 else "no cells\n")
+    if st["wtl_text"] is not None:
+        parts.append(to_markdown(st["wtl_text"].rename_axis(rows), families=rep.families))
+    if st["wtl_line"]:
+        parts.append(st["wtl_line"] + "\n")
     if "agreement" in st and st["agreement"]["cells"]:
         parts.append("\n## Agreement with the paper's ordering (Kendall τ_b)\n")
         frame = pd.DataFrame(st["agreement"]["cells"]).set_index("column")
@@ -280,13 +317,22 @@ def stats_markdown(rep: Report, rows: str) -> str:
 
 
 def notes(full: pd.DataFrame, frame: pd.DataFrame, rows: str, by: Sequence[str], metric: Metric,
-          full_grid: bool, families: dict | None = None) -> list[Note]:
-    """One :class:`Note` per kind: incomplete runs, cells with missing seeds, config keys that had
-    to split cells, different local-training values, runs without the metric, rows without a method
-    family, reference-only code defaults, reference cells without runs (with --full-grid; else the
-    per-method summary)."""
+          full_grid: bool, families: dict | None = None, degraded: Sequence[str] = ()) -> list[Note]:
+    """One :class:`Note` per kind: how the default metric was chosen, clean cells that fail the
+    clean-data control (``degraded``), incomplete runs, cells with missing seeds, config keys that
+    had to split cells, different local-training values, runs without the metric, rows without a
+    method family, reference-only code defaults, reference cells without runs (with --full-grid;
+    else the per-method summary), the per-client table's absence."""
     _, _, keys = with_columns(frame, rows, by)
     found = []
+    if metric.why:
+        found.append(Note("metric", metric.why, [metric.why]))
+    if degraded:
+        methods = list(dict.fromkeys(line.removeprefix("- ").split(" / ")[0] for line in degraded))
+        found.append(Note("clean control", f"{len(methods)} method(s) degrade clean data ({CLEAN_MARK}: at ρ = τ = 0 "
+                                           f"they trail {BASELINE} by more than the papers' gap + {MARGIN:g} "
+                                           f"points, or their last-10 falls more than {MARGIN:g} points below their "
+                                           f"best): {_some(list(degraded))}", list(degraded)))
     incomplete = incomplete_runs(frame, rows)
     if incomplete:
         found.append(Note("incomplete", f"{len(incomplete)} incomplete run(s), not averaged (failed, diverged, "
@@ -299,7 +345,7 @@ def notes(full: pd.DataFrame, frame: pd.DataFrame, rows: str, by: Sequence[str],
     if split:
         line = (f"WARNING: runs of one cell differ in {', '.join(split)} besides the seed; these keys "
                 "were added to the columns so such runs are never averaged as seeds")
-        log.warning("%s", line)
+        log.warning("%s", line.removeprefix("WARNING: "))  # the log format adds the level itself
         found.append(Note("split", line, [line]))
     diffs = effective_diffs(frame, rows, by)
     if diffs:
@@ -324,21 +370,33 @@ def notes(full: pd.DataFrame, frame: pd.DataFrame, rows: str, by: Sequence[str],
     if missing:
         found.append(Note("not run", f"{len(missing)} cell(s) of the reference grid without any run"
                                      + ("" if full_grid else " (summarised per method above)"), missing))
-    return found
+    if not (frame["status"] == "complete").any() or has_client_scores(frame):
+        return found
+    line = ("no per-client table (clients.md) nor clients.png: no summary.json records client_acc_mean, "
+            "client_acc_worst10 or client_gap (written before the runner recorded per-client accuracy)")
+    return found + [Note("no clients", line, [line])]
 
 
 def lacking_metric(frame: pd.DataFrame, metric: Metric) -> Note | None:
     """Complete runs whose summary has none of the shown metrics (written before the runner
-    recorded balanced accuracy): one line, never a crash."""
+    recorded balanced accuracy), or lacks the main one (selected_acc: null without a validation
+    set): one line, never a crash."""
     done = frame[frame["status"] == "complete"] if "status" in frame else frame.iloc[:0]
     present = [k for k in metric.shown if k in done]
-    held = done[present].apply(lambda c: c.map(canon)).notna().any(axis=1) if present else False
-    without = done[~held] if present else done
-    if without.empty:
+    held = done[present].apply(lambda c: c.map(canon)).notna() if present else pd.DataFrame(index=done.index)
+    without = done[~held.any(axis=1)] if present else done
+    if not without.empty:
+        line = (f"{len(without)} of {len(done)} complete run(s) have no {', '.join(metric.shown)} in summary.json "
+                "(written before the runner recorded it): left out of these tables")
+        return Note("no metric", line, [f"- {p}" for p in without.get("path", [])])
+    lacking = done[~held[metric.main]] if metric.main in held else done
+    if lacking.empty:
         return None
-    line = (f"{len(without)} of {len(done)} complete run(s) have no {', '.join(metric.shown)} in summary.json "
-            "(written before the runner recorded it): left out of these tables")
-    return Note("no metric", line, [f"- {p}" for p in without.get("path", [])])
+    why = ("null: no validation set, selection.val_share = 0, or a summary written before the runner recorded it"
+           if metric.main == SELECTED else "written before the runner recorded it")
+    line = (f"{len(lacking)} of {len(done)} complete run(s) have no {metric.main} ({why}): missing in its columns"
+            + (f", shown in the {metric.beside} columns" if metric.beside else ""))
+    return Note("no metric", line, [f"- {p}" for p in lacking.get("path", [])])
 
 
 def _some(items: list, k: int = 3) -> str:
@@ -382,6 +440,12 @@ def _write_tables(rep: Report, frame: pd.DataFrame, out: Path, rows: str, by: Se
         rep.compute = score_grid(table, rows)
         rep.compute_note = compute_note(sweep_cpu_hours(frame))
         (out / "compute.md").write_text(f"{rep.compute_note}\n\n{to_markdown(rep.compute, families=rep.families)}")
+    table = clients_table(frame, rows, by)
+    if not table.empty:
+        with_family(table.drop(columns="digits"), rows, rep.families).to_csv(out / "clients.csv", index=False)
+        rep.clients = score_grid(table, rows)
+        rep.clients_note = clients_caption(frame)
+        (out / "clients.md").write_text(f"{rep.clients_note}\n\n{to_markdown(rep.clients, families=rep.families)}")
     noise = noise_table(frame, rows, by)
     if len(noise):
         rep.noise = noise
@@ -408,9 +472,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--by", nargs="+", action="extend", default=[], metavar="KEY",
                         help="extra column keys: summary, setting or dotted config keys")
     parser.add_argument("--rows", default="method", help="row key (default: method)")
-    parser.add_argument("--metric", default="best_acc", choices=[*METRICS, *ALIASES],
-                        help="the accuracy of the tables: best_acc (default), balanced_acc (= best_balanced_acc "
-                             "beside last10_balanced_acc, costs from the balanced curve) or any summary key listed")
+    parser.add_argument("--metric", default=AUTO, choices=[AUTO, *METRICS, *ALIASES],
+                        help="the accuracy of the tables: auto (default: selected_acc when every complete run has "
+                             "one, else best_acc), selected (= selected_acc beside last10_acc), balanced_acc (= "
+                             "best_balanced_acc beside last10_balanced_acc, costs from the balanced curve) or any "
+                             "summary key listed")
     parser.add_argument("--beside", default="auto", choices=["auto", *METRICS, "none"],
                         help="a second metric next to --metric in every column (auto: last-10 of the same accuracy)")
     parser.add_argument("--ratio-to", metavar="METHOD", help="comm-cost ratios to this row")
@@ -430,14 +496,46 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+class Interrupted(Exception):
+    """A stop signal (SIGTERM) while the report is written."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _stop(signum, frame):
+    raise Interrupted(signum)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    """Errors are one ``fedlnl-report: error:`` line on stderr: exit 2 for unusable input or
+    ``--out``, 1 for a write that failed midway; an interrupt (Ctrl-C, SIGTERM) says which report
+    is left incomplete (its ``INCOMPLETE`` file) and exits 128 + the signal."""
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s: %(message)s")
     args = parse_args(argv)
+    out = args.out or args.dir / "report"
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _stop) if main_thread else None
     try:
-        return _main(args)
-    except ReportInputError as err:
-        print(f"fedlnl-report: error: {err}")
-        return 2
+        return _main(args, out)
+    except (ReportInputError, ReportOutputError) as err:
+        return _error(str(err), 2)
+    except OSError as err:
+        return _error(f"the report in {out} is incomplete (its {INCOMPLETE} file says so): {err}", 1)
+    except (KeyboardInterrupt, Interrupted) as err:
+        signum = getattr(err, "signum", signal.SIGINT)
+        left = (f"the report in {out} is incomplete (its {INCOMPLETE} file says so)" if (out / INCOMPLETE).is_file()
+                else "nothing written")
+        return _error(f"interrupted ({signal.Signals(signum).name}): {left}", 128 + signum)
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _error(message: str, code: int) -> int:
+    print(f"fedlnl-report: error: {message}", file=sys.stderr)
+    return code
 
 
 def matches_any(frame: pd.DataFrame, reference: pd.DataFrame) -> bool:
@@ -448,7 +546,7 @@ def matches_any(frame: pd.DataFrame, reference: pd.DataFrame) -> bool:
     return any(matches(c, i) for _, c in cells.iterrows() for i in idents)
 
 
-def _main(args: argparse.Namespace) -> int:
+def _main(args: argparse.Namespace, out: Path) -> int:
     if not 0 < args.alpha < 1:
         raise ReportInputError(f"--alpha={args.alpha} is invalid: allowed a level in (0, 1)")
     if not args.dir.is_dir():
@@ -470,9 +568,9 @@ def _main(args: argparse.Namespace) -> int:
     if args.reference is not None and reference is not None and not matches_any(frame, reference):
         raise ReportInputError(f"--reference {args.reference} matches no run below {args.dir} (method, dataset, "
                                "model, partition, rho, tau, p, alpha): a table of another sweep?")
-    out = args.out or args.dir / "report"
-    metric = resolve_metric(args.metric, args.beside)
-    print(write_report(frame, out, rows, by, metric, args.ratio_to, reference, args.figures, alpha=args.alpha,
+    metric = args.metric if args.metric == AUTO else resolve_metric(args.metric, args.beside)
+    print(write_report(frame, out, rows, by, metric, args.ratio_to, reference, args.figures, args.beside,
+                       alpha=args.alpha,
                        test=args.test, full_grid=args.full_grid, source=args.dir, wandb=args.wandb))
     print(f"report: {out} (open {out / 'report.html'})")
     return 0

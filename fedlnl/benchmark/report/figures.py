@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 
 from fedlnl.benchmark.report import plots
+from fedlnl.benchmark.report.clients import client_points
 from fedlnl.benchmark.report.cells import (OTHER_FAMILY, canon, complete_runs, fmt, row_values, sort_key,
                                            family_key, row_families, with_columns)
 from fedlnl.benchmark.report.loading import read_metrics
@@ -100,7 +101,7 @@ def run_figures(run_dir: Path, out: Path, title: str, curve: str = "acc") -> lis
             diag = json.loads(diag_path.read_text())
         except ValueError as err:
             log.warning("skipping unreadable %s: %s", diag_path, err)
-    draw_curve = functools.partial(_draw_curve, curve=curve)
+    draw_curve = functools.partial(_draw_curve, curve=curve, selected_round=_selected_round(run_dir))
     for name, draw in (("curve", draw_curve), ("lid_gmm", _draw_lid), ("lid_iterations", _draw_lid_iterations),
                        ("noise_estimation", _draw_noise), ("noise_realised", _draw_noise_realised),
                        ("partition", _draw_partition),
@@ -115,17 +116,29 @@ def run_figures(run_dir: Path, out: Path, title: str, curve: str = "acc") -> lis
     return made
 
 
-def _draw_curve(metrics, diag, path, title, curve: str = "acc"):
+def _selected_round(run_dir: Path):
+    """The round the run's summary selected on noisy validation (None without one)."""
+    try:
+        return canon(json.loads((run_dir / "summary.json").read_text()).get("selected_round"))
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def _draw_curve(metrics, diag, path, title, curve: str = "acc", selected_round=None):
     if metrics is None or not {curve, "comm_cost"} <= set(metrics.columns):
         return None
-    metrics = metrics.dropna(subset=[curve, "comm_cost"])
+    metrics = metrics.dropna(subset=[curve, "comm_cost"]).reset_index(drop=True)
     if metrics.empty:
         return None
     stages = metrics["stage"].tolist() if "stage" in metrics else None
     what = "balanced test accuracy" if curve == "balanced_acc" else "test accuracy"
+    selected = None
+    if selected_round is not None and curve == "acc" and "round" in metrics:
+        hits = metrics.index[metrics["round"] == selected_round]
+        selected = int(hits[-1]) if len(hits) else None
     return plots.plot_run_curve(metrics["comm_cost"].to_numpy(float), 100.0 * metrics[curve].to_numpy(float),
                                 stages, path, f"{title}: {what} vs communication cost",
-                                ylabel=f"{what} (%)")
+                                ylabel=f"{what} (%)", selected=selected)
 
 
 def _draw_lid(metrics, diag, path, title):
@@ -233,6 +246,10 @@ def write_figures(frame: pd.DataFrame, out: Path, rows: str, by: Sequence[str], 
                                baseline=BASELINE if groups else None)
     else:
         log.warning("no %s in the metrics.jsonl of a complete run: no acc_vs_cost.png", curve)
+    points = client_points(frame, rows, by)
+    if points:
+        plots.plot_clients(points, out / "clients.png", "Test accuracy per client vs its realised noise rate "
+                           "(lowest complete seed of each cell, at its reported round)", row_families(frame, rows))
     for run_dir, name, title in figure_runs(frame, rows, by, mode):
         run_figures(run_dir, out / "runs" / name, title, curve)
 

@@ -76,8 +76,9 @@ def write_html(rep, out: Path) -> Path:
     st = rep.statistics
     text, bold = rep.grid
     parts = [f"<h1>{_e(rep.title)}</h1>",
-             f"<p>Metric: <b>{_e(', '.join(rep.metric.shown))}</b> (in %); costs to a target from "
-             f"<code>{_e(rep.metric.cost_key)}</code>; curves from <code>{_e(rep.metric.curve)}</code>.</p>",
+             f"<p>Metric: <b>{_e(', '.join(rep.metric.shown))}</b> (in %; the table's caption says what each "
+             f"is); costs to a target from <code>{_e(rep.metric.cost_key)}</code>; curves from "
+             f"<code>{_e(rep.metric.curve)}</code>.</p>",
              "<h2>Accuracy</h2>", grid_html(text, "accuracy", bold, rep.caption, rep.families)]
     if rep.missing:
         parts.append("<p>Cells of the reference grid without any run:</p><ul>"
@@ -95,6 +96,9 @@ def write_html(rep, out: Path) -> Path:
     if rep.compute is not None:
         parts.append("<h2>Compute</h2>" + grid_html(rep.compute, "compute", caption=rep.compute_note,
                                                     families=rep.families))
+    if rep.clients is not None:
+        parts.append("<h2>Per-client accuracy</h2>" + grid_html(rep.clients, "clients", caption=rep.clients_note,
+                                                                families=rep.families))
     if rep.noise is not None:
         parts.append("<h2>Requested vs realised noise</h2>" + frame_html(rep.noise, "noise"))
     parts.append(_figures_html(out))
@@ -127,10 +131,12 @@ def _stats_html(st: dict, out: Path, friedman_text, agreement_text, families: di
     if (out / "cd_diagram.png").is_file():
         parts.append(image_html(out / "cd_diagram.png", out))
     wtl = st["wtl_text"]
-    if len(wtl):
+    if wtl is not None:
         parts.append(grid_html(wtl.rename_axis("row vs column"), "wtl",
                                caption=f"Win / tie / loss over cells (tie = not significant at α = {st['alpha']:g}, "
                                        "uncorrected, per cell)", families=families))
+    if st.get("wtl_line"):
+        parts.append(f"<p>{_e(st['wtl_line'])}</p>")
     ag = st.get("agreement")
     if ag is not None:
         parts.append(f"<p>Agreement with the paper's ordering: {_e(agreement_text(ag))}</p>")

@@ -8,6 +8,7 @@ from pathlib import Path
 import pandas as pd
 from omegaconf import OmegaConf
 
+from fedlnl.benchmark import integrity
 from fedlnl.benchmark.metrics import summary_metrics
 from fedlnl.benchmark.setting import setting_of
 
@@ -76,6 +77,12 @@ def _run_record(run_dir: Path) -> dict:
         log.warning("partial summary %s (no %s): counted as incomplete", path, ", ".join(lacking))
         record["status"] = "partial"
     record.setdefault("status", "partial")
+    why = integrity.problem(run_dir, record) if record["status"] in integrity.FINISHED else None
+    if why and integrity.sealed(record):  # edited after the run: never averaged
+        log.warning("unverified %s: %s: counted as incomplete", path, why)
+        record["status"] = "unverified"
+    elif why:  # written before summaries were sealed: the figures of its own version are shown
+        log.warning("%s was written before summaries were sealed and %s", path, why)
     config = record.get("config")
     if isinstance(config, dict) and {"dataset", "partition", "noise"} <= config.keys():
         record["setting"] = setting_of(config)  # today's setting keys, whichever version wrote the run

@@ -185,9 +185,11 @@ def stage_spans(cost: np.ndarray, stages: list) -> list[tuple[str, float, float]
     return [(str(s), float(a), float(b)) for s, a, b in spans]
 
 
-def plot_run_curve(cost, acc, stages, path: str | Path, title: str = "", ylabel: str = "test accuracy (%)") -> Path:
+def plot_run_curve(cost, acc, stages, path: str | Path, title: str = "", ylabel: str = "test accuracy (%)",
+                   selected: int | None = None) -> Path:
     """Test accuracy (%) vs communication cost of one run, each training stage shaded and named
-    at the top, with a dashed line where a stage starts (FedCorr Fig. 9)."""
+    at the top, with a dashed line where a stage starts (FedCorr Fig. 9); the best evaluation is a
+    star and ``selected`` (the index of the evaluation chosen on noisy validation) a diamond."""
     cost, acc = np.asarray(cost, float), np.asarray(acc, float)
     fig, (ax,) = _single(size=(6.4, 3.8))
     spans = stage_spans(cost, list(stages)) if stages is not None else []
@@ -203,6 +205,9 @@ def plot_run_curve(cost, acc, stages, path: str | Path, title: str = "", ylabel:
     if len(acc):
         best = int(np.nanargmax(acc))
         ax.plot(cost[best], acc[best], "r*", ms=9, label=f"best {acc[best]:.2f}%")
+    if selected is not None and 0 <= selected < len(acc):
+        ax.plot(cost[selected], acc[selected], "D", color="C2", mfc="none", ms=8, mew=1.5,
+                label=f"selected on validation {acc[selected]:.2f}%")
     ax.set_xlabel("communication cost (client participations)")
     ax.set_ylabel(ylabel)
     ax.grid(alpha=0.3)
@@ -492,3 +497,71 @@ def group_colours(names: list, groups: dict | None) -> dict:
     order = list(dict.fromkeys(groups[n] for n in groups))
     cmap = colormaps[GROUP_PALETTE]
     return {n: cmap(order.index(groups[n]) % cmap.N) for n in names if n in groups}
+
+
+def panel_grid(names: list, groups: dict | None, ncols: int) -> list[tuple[int, int, str | None]]:
+    """(row, column, heading) of each panel: ``ncols`` a row; with ``groups`` ({name: group} in
+    order), each group starts a new row and its first panel of every row carries the group's name
+    ("family (cont.)" on a continued row)."""
+    places, row, col, previous = [], -1, ncols, object()
+    for name in names:
+        group = groups.get(name) if groups else None
+        if (groups and group != previous) or col == ncols:
+            row, col = row + 1, 0
+            heading = None if not groups else (str(group) if group != previous else f"{group} (cont.)")
+        else:
+            heading = None
+        places.append((row, col, heading))
+        col, previous = col + 1, group
+    return places
+
+
+#: plot_clients draws up to this many panels in a plain grid; more: a row of panels per group
+MAX_PANELS = 8
+
+
+def plot_clients(panels: list[tuple], path: str | Path, title: str = "", groups: dict | None = None) -> Path:
+    """Accuracy per client against its realised noise rate: one panel per row (method) in table
+    order, one marker per client, filled for a noisy client and hollow for a clean one, one colour
+    per column (setting); with more than ``MAX_PANELS`` panels and ``groups`` (method families) each
+    group starts a row of panels, named at its left.
+    ``panels``: [(name, {column: (noise rate, accuracy in %, noisy) per client})]."""
+    columns = list(dict.fromkeys(c for _, panel in panels for c in panel))
+    names = [name for name, _ in panels]
+    grouped = groups and len(panels) > MAX_PANELS and len({groups.get(n) for n in names}) > 1
+    groups = groups if grouped else None
+    ncols = min(len(panels), 4 if len(panels) <= MAX_PANELS else 6)
+    places = panel_grid(names, groups, ncols)
+    nrows = places[-1][0] + 1
+    fig = Figure(figsize=(2.75 * ncols + 0.8, 2.3 * nrows + 1.3), layout="constrained")
+    FigureCanvasAgg(fig)
+    grid = fig.add_gridspec(nrows, ncols)
+    cmap = colormaps[PALETTE]
+    colour = {c: cmap(i % cmap.N) for i, c in enumerate(columns)}
+    first, lowest = None, {}
+    for (name, panel), (r, c, heading) in zip(panels, places):
+        ax = fig.add_subplot(grid[r, c], sharex=first, sharey=first)
+        first = first or ax
+        for column, (rate, acc, noisy) in panel.items():
+            for flag in (False, True):
+                m = noisy == flag
+                ax.scatter(rate[m], acc[m], s=11, lw=0.8, alpha=0.75, edgecolors=colour[column],
+                           facecolors=colour[column] if flag else "none")
+        ax.set_title(str(name), fontsize=9)
+        ax.grid(alpha=0.3)
+        ax.tick_params(labelsize=7)
+        if c == 0:
+            label = "client accuracy (%)"
+            ax.set_ylabel(f"{heading}\n{label}" if heading else label, fontsize=8)
+        else:
+            ax.tick_params(labelleft=False)
+        lowest[c] = ax
+    first.set_xlim(-0.05, 1.0)
+    first.set_ylim(0, 100)
+    for ax in lowest.values():
+        ax.set_xlabel("realised noise rate", fontsize=8)
+    handles = [Line2D([], [], marker="o", ls="", color=colour[c], ms=6, label=panel_title(c)) for c in columns]
+    handles += [Line2D([], [], marker="o", ls="", color="0.3", ms=6, label="noisy client (filled)"),
+                Line2D([], [], marker="o", ls="", color="0.3", mfc="none", ms=6, label="clean client (hollow)")]
+    fig.legend(handles=handles, loc="outside lower center", ncols=min(len(handles), 6), fontsize=8, frameon=False)
+    return _save(fig, path, title)

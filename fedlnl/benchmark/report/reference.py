@@ -21,8 +21,10 @@ REF_COLUMNS = (*REF_KEYS, "target", "metric", "mean", "std", "source")
 #: dataset -> its family (the paper's dataset name), only for summaries written before the runner
 #: recorded ``setting.family``; reference rows are matched on the family
 LEGACY_FAMILIES = {"cifar10_jpeg": "cifar10"}
-#: a run's results (accuracies, costs), never copied into a placeholder of a cell without runs
-RESULT_PREFIXES = ("best_", "final_", f"last{LAST_K}_", "cost_to_target")
+#: a run's results (accuracies, costs, per-client figures), never copied into a placeholder of a cell
+#: without runs
+RESULT_PREFIXES = ("best_", "final_", f"last{LAST_K}_", "cost_to_target", "selected_", "reported_round", "client_",
+                   "clients.")
 
 def packaged_reference(preset: str) -> Path | None:
     """The paper numbers shipped with fedlnl (``fedlnl/benchmark/reference/<preset>.csv``)."""

@@ -215,6 +215,29 @@ def win_tie_loss(columns: dict, test: Test) -> tuple[pd.DataFrame, pd.DataFrame]
     return text, long
 
 
+def tested_matrix(text: pd.DataFrame, long: pd.DataFrame, columns: dict,
+                  test: Test) -> tuple[pd.DataFrame | None, str]:
+    """The win/tie/loss matrix of :func:`win_tie_loss` shown only where a pair was tested: the rows
+    (and columns) with at least one tested pair, and a line on what is left out; no pair tested
+    anywhere: (None, why not), never a wall of "0/0/0 (k untested)"."""
+    decided = long[long[["win", "tie", "loss"]].sum(axis=1) > 0] if len(long) else long
+    if decided.empty:
+        most = max((len(s) for col in columns.values() for s in seed_matrix(col).values()), default=0)
+        if len(text) < 2:
+            why = "fewer than 2 rows"
+        elif most <= 1:
+            why = (f"every cell has n = {most} seed{'s' if most != 1 else ''}; the {test.label} needs "
+                   f"≥ {test.min_n} seeds per method, paired")
+        else:
+            why = f"no two rows share {test.min_n} completed seeds in any cell ({test.label})"
+        return None, f"No win/tie/loss matrix: no pair tested ({why})."
+    tested = set(decided["row"]) | set(decided["against"])
+    keep = [r for r in text.index if r in tested]
+    left = [str(r) for r in text.index if r not in tested]
+    line = f"Left out of the matrix (no tested pair): {', '.join(left)}." if left else ""
+    return text.loc[keep, keep], line
+
+
 def agreement(table: pd.DataFrame, rows: str) -> dict:
     """Kendall τ_b between our mean and the paper's mean over the rows of every column that has
     both for at least 2 rows, and pooled: Σ(concordant − discordant) / Σ pairs over the columns

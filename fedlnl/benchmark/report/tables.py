@@ -19,14 +19,14 @@ log = logging.getLogger(__name__)
 
 def accuracy_table(
     frame: pd.DataFrame, rows: str = "method", by: Sequence[str] = (), metric: str = "best_acc",
-    reference: pd.DataFrame | None = None, test: stats.Test | None = None,
+    reference: pd.DataFrame | None = None, test: stats.Test | None = None, paper_metric: str | None = None,
 ) -> pd.DataFrame:
     """Long form: one line per (row, column) cell with mean, std (ddof=0) in %, the 95% bootstrap
     CI of the mean (ci_low, ci_high), n complete runs that hold ``metric`` and n_incomplete
     (failed, diverged, partial or missing runs); with ``reference``, also the paper's mean and std
-    (paper_mean, paper_std, paper_source) and diff = mean − paper_mean. With ``test``: the paired
-    test of every row against its column's best (see :func:`stats.against_best`): is_best, p,
-    p_holm, n_pairs, tested, tie (not significantly worse)."""
+    of ``paper_metric`` (default: ``metric``; paper_mean, paper_std, paper_source) and diff = mean −
+    paper_mean. With ``test``: the paired test of every row against its column's best (see
+    :func:`stats.against_best`): is_best, p, p_holm, n_pairs, tested, tie (not significantly worse)."""
     runs, columns, keys = with_columns(frame, rows, by)
     lines = []
     for row, column, key_values, cell in each_cell(runs, rows, columns, keys):
@@ -38,7 +38,7 @@ def accuracy_table(
                 **dict(zip(("ci_low", "ci_high"), stats.bootstrap_ci(values))),
                 "n": len(values), "n_incomplete": int((~cell["status"].isin(["complete", NOT_RUN])).sum())}
         if reference is not None:
-            line.update(paper_value(reference, cell_identity(runs, rows, row, column), metric))
+            line.update(paper_value(reference, cell_identity(runs, rows, row, column), paper_metric or metric))
             line["diff"] = line["mean"] - line["paper_mean"]
         lines.append(line)
     paper = ["paper_mean", "paper_std", "diff", "paper_source"] if reference is not None else []
@@ -92,17 +92,20 @@ def _warn_duplicate_seeds(done: pd.DataFrame, cell: pd.DataFrame) -> None:
 
 #: appended to a cell not significantly worse than its column's best (the best itself is bold)
 TIE_MARK = "†"
+#: appended to a clean cell that fails the clean-data control (``control``)
+CLEAN_MARK = "‡"
 
 
 def accuracy_cell(mean: float, std: float, n: int, n_incomplete: int, ci_low: float = np.nan,
                   ci_high: float = np.nan, paper_mean: float = np.nan, paper_std: float = np.nan,
-                  mark: bool = False) -> str:
+                  mark: bool = False, degrades_clean: bool = False) -> str:
     extra = f", {n_incomplete} incomplete" if n_incomplete else ""
     if n == 0:
         text = MISSING + (f" ({n_incomplete} incomplete)" if n_incomplete else "")
     else:
         ci = f" [{ci_low:.2f}, {ci_high:.2f}]" if canon(ci_low) is not None else ""
         text = f"{mean:.2f} ± {std:.2f}{ci} (n={n}{extra})" + (f" {TIE_MARK}" if mark else "")
+        text += f" {CLEAN_MARK}" if degrades_clean else ""
     if canon(paper_mean) is None:
         return text
     text += f"; paper {paper_mean:.2f}" + (f" ± {paper_std:.2f}" if canon(paper_std) is not None else "")
@@ -111,7 +114,8 @@ def accuracy_cell(mean: float, std: float, n: int, n_incomplete: int, ci_low: fl
 
 def accuracy_grid(table: pd.DataFrame, rows: str) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(cell texts, bold mask) with rows x columns; bold = best printed mean of each column; a
-    cell that is not bold but not significantly worse than the best (``tie``) gets the mark."""
+    cell that is not bold but not significantly worse than the best (``tie``) gets the mark, a
+    clean cell that fails the clean-data control (``degrades_clean``) its own."""
     shown = table["mean"].round(2)
     best = shown.groupby(table["column"], sort=False).transform("max")
     bold = (shown == best) & (table["n"] > 0)
@@ -119,9 +123,11 @@ def accuracy_grid(table: pd.DataFrame, rows: str) -> tuple[pd.DataFrame, pd.Data
     table = table.assign(bold=bold, mark=tie & ~bold)
     fields = ["mean", "std", "n", "n_incomplete", "ci_low", "ci_high"]
     fields += ["paper_mean", "paper_std"] if "paper_mean" in table else []
+    fields += ["degrades_clean"] if "degrades_clean" in table else []
     texts = []
     for values, mark in zip(tuples(table, *fields), table["mark"]):
         named = dict(zip(fields, values))
+        named["degrades_clean"] = bool(named.get("degrades_clean", False))
         texts.append(accuracy_cell(**named, mark=bool(mark)))
     table = table.assign(text=texts)
     return pivot(table, rows, "text"), pivot(table, rows, "bold")
@@ -184,7 +190,7 @@ def comm_table(
                                          "n_reached", "n", *paper])
     table = _with_ratio(table, rows, ratio_to)
     if reference is not None:
-        table["paper"] = table["paper"].fillna("")
+        table["paper"] = table["paper"].astype(object).fillna("")
         table["diff"] = table["mean"].astype(float) - table["paper_mean"].astype(float)
         table["paper_ratio"] = _ratio(table, rows, ratio_to, "paper_mean")
     return table
@@ -348,7 +354,9 @@ LATEX_SPECIAL = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", 
 
 def latex_escape(text: str) -> str:
     escaped = "".join(LATEX_SPECIAL.get(ch, ch) for ch in str(text))
-    return escaped.replace("±", r"$\pm$").replace("Δ", r"$\Delta$").replace("†", r"$^\dagger$")
+    for symbol, tex in (("±", r"$\pm$"), ("Δ", r"$\Delta$"), ("†", r"$^\dagger$"), ("‡", r"$^\ddagger$")):
+        escaped = escaped.replace(symbol, tex)
+    return escaped
 
 
 def to_latex(text: pd.DataFrame, bold: pd.DataFrame | None = None, comment: str = "",

@@ -99,7 +99,7 @@ def log_report(rep, out: Path, project: str, entity: str | None, mode: str, grou
 
 def tables(rep) -> dict[str, pd.DataFrame]:
     """Every table of the report as a flat frame: the long accuracy table, the communication
-    sections, ranks, win/tie/loss, agreement, detection, compute and noise."""
+    sections, ranks, win/tie/loss, agreement, detection, compute, per-client accuracy and noise."""
     out = {"accuracy": pd.concat(rep.tables, ignore_index=True)}
     text, _ = rep.grid
     rows = text.index.name
@@ -118,6 +118,8 @@ def tables(rep) -> dict[str, pd.DataFrame]:
         out["detection"] = rep.detection.reset_index()
     if rep.compute is not None:
         out["compute"] = rep.compute.reset_index()
+    if rep.clients is not None:
+        out["clients"] = rep.clients.reset_index()
     if rep.noise is not None:
         out["noise"] = rep.noise
     return out

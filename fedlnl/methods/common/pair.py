@@ -26,7 +26,7 @@ from torch import nn
 
 from fedlnl.conf.checks import choice, number
 from fedlnl.methods.common import engine, lnl, semisup
-from fedlnl.methods.common.params import Params, param, rate, rule
+from fedlnl.methods.common.params import Params, linear, param, rate, rule
 from fedlnl.methods.common.protocol import ClientUpdate, Optim
 
 @dataclass(frozen=True)
@@ -36,7 +36,10 @@ class ForgettingParams(Params):
     forget_rate: float | str = rate("final forget rate τ: a share, or noise (the federation's nominal rate)")
     gradual_share: float = param("share of the rounds T_k in which the forget rate rises to τ",
                                  rule(number, lambda v: 0.0 <= v <= 1.0,
-                                      "a share of the rounds in [0, 1] (T_k = max(1, share·rounds))"))
+                                      "a share of the rounds in [0, 1] (T_k = max(1, share·rounds))"),
+                                 search=linear(0.05, 0.5, "our choice: from the Co-teaching paper's T_k = 10 of 200 "
+                                                          "epochs (0.05) to half the rounds (FNBench 0.2; methods.md "
+                                                          "§21.5)"))
     schedule: str = param("L2: the rise min(t/T_k·τ, τ) (paper) | linspace(0, τ, T_k)[t] (codes)",
                           rule(choice, lnl.SCHEDULES))
     keep_rounding: str = param("L3: kept samples per batch ⌈R·B⌉ (ceil) | int(R·B) (floor)",

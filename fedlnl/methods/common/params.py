@@ -21,9 +21,10 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import inspect
 from dataclasses import dataclass
-from typing import Callable, ClassVar
+from typing import Callable, ClassVar, Sequence
 
 from fedlnl.conf.checks import number, rule  # noqa: F401 (rule: the methods write their fields with it)
 
@@ -34,12 +35,81 @@ PREFIX = "method."
 NOISE = "noise"
 
 
+@dataclass(frozen=True)
+class Space:
+    """Where equal-budget tuning searches one value (``experiment=tune``): a float or int range
+    (``low``..``high``, log or linear), a ``choices`` list, or a range ``around`` the value the run
+    would use (``[v / around, v * around]``, log: the learning rates, whose defaults differ by method
+    and dataset). ``source`` says where the range comes from (a paper passage, or our choice and
+    why); ``lr`` marks a learning rate (tuned as the method's lr, not counted among its <= 3 keys)."""
+
+    source: str
+    low: float | None = None
+    high: float | None = None
+    log: bool = False
+    integer: bool = False
+    choices: tuple | None = None
+    around: float | None = None
+    lr: bool = False
+
+    def bounds(self, default) -> tuple:
+        """(low, high) of a range, resolved against the run's ``default`` for an ``around`` range
+        (an integer range rounded inwards, never below 1)."""
+        if self.around is None:
+            return self.low, self.high
+        low, high = default / self.around, default * self.around
+        if self.integer:
+            return max(1, math.ceil(low)), max(1, math.floor(high))
+        return low, high
+
+    def contains(self, value, default) -> bool:
+        if self.choices is not None:
+            return value in self.choices
+        low, high = self.bounds(default)
+        return low <= value <= high
+
+
+def log_range(low: float, high: float, source: str) -> Space:
+    """Log-uniform over [low, high]."""
+    return Space(source, low, high, log=True)
+
+
+def linear(low: float, high: float, source: str) -> Space:
+    """Uniform over [low, high]."""
+    return Space(source, low, high)
+
+
+def ints(low: int, high: int, source: str, log: bool = False) -> Space:
+    """An integer in [low, high]."""
+    return Space(source, low, high, log=log, integer=True)
+
+
+def among(values: Sequence, source: str) -> Space:
+    """One of ``values`` (a paper's grid)."""
+    return Space(source, choices=tuple(values))
+
+
+def around(factor: float, source: str, integer: bool = False, lr: bool = False) -> Space:
+    """Log-uniform over [v / factor, v · factor] around the run's value v."""
+    return Space(source, log=True, around=float(factor), integer=integer, lr=lr)
+
+
+#: the learning rate of every method (``fl.lr``, a pin ``method.lr``, or a method's own lr fields):
+#: two decades centred on the value the method runs with in the tuned setting. Relative, because the
+#: methods' defaults differ (FedProx 0.01 beside FedAvg 0.03 on CIFAR-10, Adam's 3e-4): each method
+#: gets the same breadth around its own paper's value, which is the equal budget.
+LR = around(10, "our choice: log-uniform over [lr/10, lr·10] around the method's lr in the tuned setting "
+                "(the papers give one value each, no range)", lr=True)
+
+
 def param(doc: str, check: Callable[[str, object], None] | None = None, *,
-          default=dataclasses.MISSING, convert: Callable | None = None):
+          default=dataclasses.MISSING, convert: Callable | None = None, search: Space | None = None):
     """One field: its one-line ``doc``, its ``check`` (``rule(...)``; None: checked in ``check``), an
-    optional ``convert`` applied after the check (``float``, ``int``) and, rarely, a ``default`` (the
-    value lives in the YAML; a default only keeps older YAML files working)."""
-    return dataclasses.field(default=default, metadata={"doc": doc, "check": check, "convert": convert})
+    optional ``convert`` applied after the check (``float``, ``int``), its ``search`` space for
+    tuning (``Space``; None: not tuned) and, rarely, a ``default`` (the value lives in the YAML; a
+    default only keeps older YAML files working)."""
+    return dataclasses.field(default=default, metadata={"doc": doc, "check": check, "convert": convert,
+                                                        "search": search})
 
 
 def check_rate(key: str, value) -> None:
@@ -70,6 +140,11 @@ class Params:
 
     def check(self) -> None:
         """Checks that relate several fields (override)."""
+
+    def unread(self) -> frozenset[str]:
+        """Own fields this configuration does not read (a value of the other noise group, ...): not
+        tuned (override)."""
+        return frozenset()
 
 
 class Method:

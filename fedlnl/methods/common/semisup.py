@@ -34,7 +34,7 @@ from torch import nn
 
 from fedlnl.conf import checks
 from fedlnl.methods.common import engine
-from fedlnl.methods.common.params import Params, param, rule
+from fedlnl.methods.common.params import LR, Params, among, linear, param, rule
 
 
 # ------------------------------------------------------------------------------------ config
@@ -60,7 +60,8 @@ class TwoStageParams(Params):
     warmup_rounds: int = param("stage 1: FedAvg warm-up rounds", rule(checks.integer, 0))
     train_rounds: int = param("stage 2: rounds of the method as local training", rule(checks.integer, 1))
     train_local_epochs: int = param("stage 2: local epochs per participation", rule(checks.integer, 1))
-    train_lr: float = param("stage 2: SGD learning rate", rule(checks.positive))
+    train_lr: float = param("stage 2: SGD learning rate", rule(checks.positive),
+                            search=LR)
     train_momentum: float = param("stage 2: SGD momentum", rule(checks.nonnegative))
     train_weight_decay: float = param("stage 2: SGD weight decay", rule(checks.nonnegative))
 
@@ -71,12 +72,20 @@ class DivideMixParams(Params):
     docs/methods.md §12)."""
 
     T: float = param("sharpening temperature", rule(checks.positive))
-    alpha: float = param("α of mixup's Beta(α, α)", rule(checks.positive))
+    alpha: float = param("α of mixup's Beta(α, α)", rule(checks.positive),
+                         search=among([0.5, 1.0, 2.0, 4.0], "DivideMix (Li et al., ICLR 2020) §4: α = 4 on CIFAR, "
+                                                            "0.5 on Clothing1M; our grid between them"))
     p_threshold: float = param("labeled iff the clean probability w > p_threshold",
-                               rule(checks.number, lambda v: 0 < v < 1, "a probability in (0, 1)"))
+                               rule(checks.number, lambda v: 0 < v < 1, "a probability in (0, 1)"),
+                               search=linear(0.3, 0.7, "our choice: around DivideMix's clean-probability threshold τ "
+                                                       "= 0.5 (Li et al., ICLR 2020 §4)"))
     rampup_epochs: float = param("λ_u ramps up linearly over this many DivideMix epochs", rule(checks.nonnegative))
-    lambda_u_low: float = param("λ_u of the low-noise group", rule(checks.nonnegative))
-    lambda_u_high: float = param("λ_u of the high-noise group", rule(checks.nonnegative))
+    lambda_u_low: float = param("λ_u of the low-noise group", rule(checks.nonnegative),
+                                search=among([0.0, 25.0, 50.0, 150.0], "DivideMix (Li et al., ICLR 2020) §4: λ_u ∈ "
+                                                                       "{0, 25, 50, 150} by noise level"))
+    lambda_u_high: float = param("λ_u of the high-noise group", rule(checks.nonnegative),
+                                 search=among([0.0, 25.0, 50.0, 150.0], "DivideMix (Li et al., ICLR 2020) §4: λ_u ∈ "
+                                                                        "{0, 25, 50, 150} by noise level"))
     high_noise_from: float = _share("the group is high when ρ(1+τ)/2 >= it (noise_group)")
     noise_rho: float = _share("ρ of the run's noise config (interpolated)")
     noise_tau: float = _share("τ of the run's noise config (interpolated)")
@@ -89,10 +98,18 @@ class DivideMixParams(Params):
                              rule(checks.choice, ("all", "head")))
 
     @functools.cached_property
+    def high(self) -> bool:
+        """Whether the run's noise is in the high group (λ_u_high applies)."""
+        return noise_group(self.noise_rho, self.noise_tau, self.high_noise_from) == "high"
+
+    @functools.cached_property
     def lambda_u(self) -> float:
         """λ_u of the run's noise group."""
-        high = noise_group(self.noise_rho, self.noise_tau, self.high_noise_from) == "high"
-        return self.lambda_u_high if high else self.lambda_u_low
+        return self.lambda_u_high if self.high else self.lambda_u_low
+
+    def unread(self) -> frozenset[str]:
+        """The other noise group's λ_u."""
+        return frozenset({"lambda_u_low"} if self.high else {"lambda_u_high"})
 
     @functools.cached_property
     def gmm(self) -> dict:

@@ -1,0 +1,132 @@
+"""Model selection without the test set, and per-client accuracy (the ``selection`` config node).
+
+- Selection: each client holds out ``val_share`` of its noisy training samples (``datasets/federation.py``);
+  at each evaluation every client with such a set reports its correct/total counts for the evaluated
+  global model and the server forms ``val_acc``. ``selected_acc`` is the test accuracy at the
+  evaluation with the best ``val_acc`` (ties -> the earlier): no test label chooses the round.
+- Per-client accuracy: client k's local test set is the global test set sampled to its training class
+  proportions; its accuracy at the *reported* evaluation (the selected one, or the best-test one when
+  there is no validation set) gives ``client_acc_mean``, ``client_acc_worst10`` and ``client_gap``
+  (clean minus noisy clients, the oracle's split: reporting only).
+
+Pure Python and numpy: the report reads these names without torch.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from fedlnl.conf.checks import flag, integer, number, rule
+
+#: the config path of the settings, in error messages
+PREFIX = "selection."
+#: the share of clients ``client_acc_worst10`` averages (the worst ceil(N / WORST) clients)
+WORST = 10
+#: bytes of one client's validation report at one evaluation: its correct and total counts, two int64
+REPORT_BYTES = 16
+
+
+def _field(doc: str, check):
+    return dataclasses.field(metadata={"doc": doc, "check": check})
+
+
+@dataclass(frozen=True)
+class SelectionSettings:
+    """The ``selection`` node of the config; every key checked by the validator before any data."""
+
+    val_share: float = _field("share of each client's noisy training samples held out for validation "
+                              "(round(share * n_k), half up, at most n_k - 1); 0 = none: the papers' protocol",
+                              rule(number, lambda v: 0.0 <= v < 1.0, "a share in [0, 1) (0 = no validation set)"))
+    client_test_size: int = _field("images in each client's local test set (the test set sampled to its "
+                                   "training class proportions)", rule(integer, 1))
+    client_every_eval: bool = _field("also write client_acc_mean / client_acc_worst10 / client_gap into every "
+                                     "metrics.jsonl row", rule(flag))
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            f.metadata["check"](PREFIX + f.name, getattr(self, f.name))
+
+    @classmethod
+    def of(cls, node) -> "SelectionSettings":
+        """The settings of a config node (a mapping); the defaults where there is none."""
+        if node is None:
+            return cls(0.0, 500, False)
+        return cls(**{f.name: node[f.name] for f in dataclasses.fields(cls)})
+
+
+# ------------------------------------------------------------------------------ the selection rule
+def better(row: dict, key: str, best: float | None) -> bool:
+    """Whether ``row`` beats the best ``key`` so far: a finite value strictly above it (ties keep the
+    earlier row); a diverged row (test accuracy None) never does."""
+    value = row.get(key)
+    if row.get("acc") is None or value is None or not math.isfinite(value):
+        return False
+    return best is None or value > best
+
+
+def best_row(rows: list[dict], key: str) -> dict | None:
+    """The first row with the highest finite ``key`` among the rows that did not diverge, or None."""
+    best = None
+    for row in rows:
+        if better(row, key, None if best is None else best[key]):
+            best = row
+    return best
+
+
+def selection_summary(rows: list[dict], validated: bool) -> dict:
+    """``selected_acc``, ``selected_round``, ``selected_val_acc``: the row of the best ``val_acc``; all
+    None without a validation set (``validated`` False) or a selectable row."""
+    row = best_row(rows, "val_acc") if validated else None
+    if row is None:
+        return {"selected_acc": None, "selected_round": None, "selected_val_acc": None}
+    return {"selected_acc": row["acc"], "selected_round": row["round"], "selected_val_acc": row["val_acc"]}
+
+
+# ------------------------------------------------------------------------------ per-client figures
+def client_stats(acc, noisy) -> dict:
+    """Mean accuracy over the clients, mean of the worst ceil(N / 10) (``client_acc_worst10``), and
+    mean of the clean clients minus mean of the noisy ones (``client_gap``; None when a group is empty).
+    ``acc`` None (no evaluated row) gives None everywhere."""
+    if acc is None:
+        return {"client_acc_mean": None, "client_acc_worst10": None, "client_gap": None}
+    a, noisy = np.asarray(acc, dtype=np.float64), np.asarray(noisy, dtype=bool)
+    worst = np.sort(a)[:-(-len(a) // WORST)]  # ceil(N / 10) in integers (0.1 * 30 > 3 in floats)
+    clean, dirty = a[~noisy], a[noisy]
+    gap = float(clean.mean() - dirty.mean()) if len(clean) and len(dirty) else None
+    return {"client_acc_mean": float(a.mean()), "client_acc_worst10": float(worst.mean()), "client_gap": gap}
+
+
+class Reported:
+    """The per-client accuracies of the reported evaluation, kept while the run goes: the row with the
+    best ``key`` so far under ``better`` (``val_acc`` with a validation set, else ``acc``)."""
+
+    def __init__(self, key: str):
+        self.key = key
+        self.round: int | None = None
+        self.score: float | None = None
+        self.acc: list[float] | None = None
+        self.lost = False  # resumed from a checkpoint without this state: the figures are unknown
+
+    def offer(self, row: dict, acc: list[float]) -> None:
+        if better(row, self.key, self.score):
+            self.round, self.score, self.acc = row["round"], row[self.key], list(acc)
+
+    def state(self) -> dict:
+        return {"key": self.key, "round": self.round, "score": self.score, "acc": self.acc}
+
+    def load(self, state: dict | None) -> None:
+        if state is None:
+            self.lost = True
+            return
+        self.round, self.score, self.acc = state["round"], state["score"], state["acc"]
+
+    def summary(self, noise_rate, noisy) -> dict:
+        """``reported_round``, the three client figures and ``clients`` (per client: accuracy, the
+        oracle's realised noise rate of its training samples and noisy flag), for the report."""
+        acc = None if self.lost else self.acc
+        return {"reported_round": None if self.lost else self.round, **client_stats(acc, noisy),
+                "clients": {"acc": acc, "noise_rate": [float(r) for r in noise_rate],
+                            "noisy": [bool(x) for x in noisy]}}
