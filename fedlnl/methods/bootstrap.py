@@ -24,7 +24,7 @@ import torch.nn.functional as F
 
 from fedlnl.conf.checks import choice, unit
 from fedlnl.methods.common import engine
-from fedlnl.methods.common.params import Params, param, rule
+from fedlnl.methods.common.params import Params, linear, param, rule
 from fedlnl.methods.fedavg import FedAvg
 
 MODES = ("soft", "hard")
@@ -50,7 +50,9 @@ class BootstrapParams(Params):
     mode: str = param("soft: the target mixes in the prediction q; hard: its one-hot argmax",
                       rule(choice, MODES, text=True))
     beta: float = param("β: weight of the given label in the target (1: cross-entropy)",
-                        rule(unit, "a weight in [0, 1]"))
+                        rule(unit, "a weight in [0, 1]"),
+                        search=linear(0.6, 1.0, "Reed et al. (2015) run β = 0.95 (soft) and 0.8 (hard) "
+                                                "(methods.md §23.35): uniform from below the hard value to CE (β = 1)"))
 
 
 class Bootstrap(FedAvg):

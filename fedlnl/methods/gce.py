@@ -23,7 +23,7 @@ import torch.nn.functional as F
 
 from fedlnl.conf.checks import number
 from fedlnl.methods.common import engine
-from fedlnl.methods.common.params import Params, param, rule
+from fedlnl.methods.common.params import Params, linear, param, rule
 from fedlnl.methods.fedavg import FedAvg
 
 
@@ -40,7 +40,9 @@ class GCEParams(Params):
     """GCE's own number (conf/method/gce.yaml; docs/methods.md §21.10)."""
 
     q: float = param("q: exponent of L_q = (1 − p_y^q)/q (→ 0: cross-entropy; 1: 1 − p_y)",
-                     rule(number, lambda v: 0 < v <= 1, "a number in (0, 1]"))
+                     rule(number, lambda v: 0 < v <= 1, "a number in (0, 1]"),
+                     search=linear(0.1, 1.0, "GCE (Zhang & Sabuncu 2018) defines q in (0, 1] and runs q = 0.7 "
+                                             "(methods.md §23.32): uniform over (0, 1] from 0.1"))
 
 
 class GCE(FedAvg):

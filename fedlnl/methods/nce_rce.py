@@ -24,7 +24,7 @@ import torch.nn.functional as F
 
 from fedlnl.conf.checks import nonnegative, number
 from fedlnl.methods.common import engine
-from fedlnl.methods.common.params import Params, param, rule
+from fedlnl.methods.common.params import Params, among, param, rule
 from fedlnl.methods.fedavg import FedAvg
 from fedlnl.methods.sce import rce_loss
 
@@ -46,8 +46,12 @@ def nce_rce_loss(logits: torch.Tensor, labels: torch.Tensor, alpha: float, beta:
 class NCERCEParams(Params):
     """NCE+RCE's own numbers (conf/method/nce_rce.yaml; docs/methods.md §21.12, L-numbers there)."""
 
-    alpha: float = param("α: weight of the active term ℓ_NCE", rule(nonnegative, "a weight >= 0"))
-    beta: float = param("β: weight of the passive term ℓ_RCE", rule(nonnegative, "a weight >= 0"))
+    alpha: float = param("α: weight of the active term ℓ_NCE", rule(nonnegative, "a weight >= 0"),
+                         search=among((1.0, 10.0, 50.0), "the APL configs' α: 1 (MNIST, CIFAR-10), 10 (CIFAR-100), "
+                                                         "50 (WebVision-mini) (methods.md §21.12)"))
+    beta: float = param("β: weight of the passive term ℓ_RCE", rule(nonnegative, "a weight >= 0"),
+                        search=among((0.1, 1.0, 10.0), "the APL configs' β: 10 (MNIST), 1 (CIFAR-10), 0.1 (CIFAR-100, "
+                                                       "WebVision-mini) (methods.md §21.12)"))
     A: float = param("L17: log 0 := A in the reverse cross-entropy", rule(number, lambda v: v < 0, "a number < 0 (log 0 := A)"))
     p_min: float = param("L18: p clamped to [p_min, 1] inside ℓ_RCE (0: unclamped)",
                          rule(number, lambda v: 0 <= v < 1, "a probability floor in [0, 1)"))
