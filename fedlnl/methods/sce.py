@@ -33,12 +33,19 @@ def sce_loss(logits: torch.Tensor, labels: torch.Tensor, alpha: float, beta: flo
     label and log 0 := A, i.e. −A·Σ_{k≠y} p_k; ``p_min`` clamps p from below first (the codes'
     1e-7; the clamp's upper bound 1 never binds)."""
     ce = F.cross_entropy(logits, labels)
+    return alpha * ce + beta * rce_loss(logits, labels, A, p_min)
+
+
+def rce_loss(logits: torch.Tensor, labels: torch.Tensor, A: float, p_min: float = 0.0) -> torch.Tensor:
+    """ℓ_RCE = −Σ_k p_k log q_k (Wang et al.) of the softmax p against the one-hot label q with
+    log 0 := A, i.e. −A·Σ_{k≠y} p_k = −A·(1 − p_y) unclamped; ``p_min`` clamps p from below first.
+    Batch mean. Shared with NCE+RCE (``nce_rce.py``), whose passive term is this one."""
     p = logits.softmax(dim=1)
     if p_min > 0:
         p = p.clamp(min=p_min)
     off = 1.0 - F.one_hot(labels, logits.shape[1]).to(p.dtype)
     rce = -A * (p * off).sum(dim=1)
-    return alpha * ce + beta * rce.mean()
+    return rce.mean()
 
 
 @dataclass(frozen=True)
