@@ -200,3 +200,13 @@ def test_scanner_on_examples(index, snippet, n_cites, n_bad):
     cites, problems, _ = scan(snippet, "x.py", label_zone=False)
     assert len(cites) == n_cites, cites
     assert len(problems + unresolved(cites, sections, labels)) == n_bad, (cites, problems)
+
+
+def test_the_readme_is_a_front_page():
+    """README.md is what fedlnl is, the two commands, one figure, one table excerpt, the commands used
+    most and links (issue 35): at most 8,000 bytes, every link to a local page resolving."""
+    readme = (REPO / "README.md").read_text()
+    assert len(readme.encode()) <= 8000, len(readme.encode())
+    assert "```bash\nmake run\nmake test\n```" in readme
+    for target in re.findall(r"\]\(((?:docs/)[^)#]+)", readme):
+        assert (REPO / target).exists(), target

@@ -12,6 +12,7 @@ bound and is labelled ``≤``; every other figure is exactly what the run will r
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
@@ -134,3 +135,13 @@ def plan_config(cfg, model_label: str, typed=None) -> Plan:
     method = preflight.check_cell(cfg, typed or {})
     cell = preflight.build_cell(cfg, method, model_label)
     return plan_run(method, cell.info, cell.model, cell.total, int(cfg.seed), *cell.evaluations(cfg))
+
+
+def cell_names(run_dirs: list[Path]) -> tuple[list[str], Path | None]:
+    """Whole cell names for the plan's table: each run dir relative to the sweep dir they share (then
+    named once above the table), never cut; absolute paths where they share none."""
+    parents = {Path(d).parent for d in run_dirs}
+    if len(parents) != 1:
+        return [str(d) for d in run_dirs], None
+    root = parents.pop()
+    return [Path(d).name for d in run_dirs], root

@@ -226,16 +226,20 @@ def print_plan(cells: list[Cell]) -> None:
         if done and done.get("local_steps"):
             speed.setdefault(c.method_name, []).append(done["wall_time_s"] / done["local_steps"])
         rows.append((c, p))
-    print(f"{'cell':<60} {'method':<18} {'rounds':>7} {'participations':>15} {'local steps':>13} "
+    names, root = plan.cell_names([c.run_dir for c, _ in rows])
+    width = max([len("cell"), *map(len, names)])
+    if root is not None:
+        print(f"cells under {root}:")
+    print(f"{'cell':<{width}} {'method':<18} {'rounds':>7} {'participations':>15} {'local steps':>13} "
           f"{'uploaded MB':>12}  status")
-    for c, p in rows:
+    for name, (c, p) in zip(names, rows):
         status = "complete" if c.done else "to run"
         if p is None:
-            print(f"{str(c.run_dir)[-60:]:<60} {c.method_name:<18} {'-':>7} {'-':>15} {'-':>13} {'-':>12}  "
+            print(f"{name:<{width}} {c.method_name:<18} {'-':>7} {'-':>15} {'-':>13} {'-':>12}  "
                   f"{status}, no plan: data not available here")
             continue
         mb = f"{'' if p.exact['bytes_up'] else '≤'}{p.bytes_up / 1e6:,.1f}"
-        print(f"{str(c.run_dir)[-60:]:<60} {c.method_name:<18} {p.rounds:>7,} {p.figure('participations'):>15} "
+        print(f"{name:<{width}} {c.method_name:<18} {p.rounds:>7,} {p.figure('participations'):>15} "
               f"{p.figure('local_steps'):>13} {mb:>12}  {status}")
     unplanned = sorted({c.no_data for c, p in rows if p is None})
     todo = [(c, p) for c, p in rows if not c.done and p is not None]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import sys
 import warnings
 from dataclasses import replace
 from multiprocessing import Pool
@@ -274,13 +275,19 @@ def _decode_all(paths: list[Path], size, workers: int | None, desc: str,
     chunks = [paths[i : i + _CHUNK] for i in range(0, len(paths), _CHUNK)]
     workers = min(os.cpu_count() or 1, 8) if workers is None else workers
     images: list[np.ndarray] = []
-    with tqdm(total=len(paths), desc=desc, unit="img", leave=False) as bar:
+    # a bar on a terminal only (disable=None); a redirected log gets a start and an end line instead
+    quiet = not sys.stderr.isatty()
+    if quiet:
+        logging.getLogger("fedlnl").info("%s: %d images", desc, len(paths))
+    with tqdm(total=len(paths), desc=desc, unit="img", leave=False, disable=None) as bar:
         if workers <= 1 or len(chunks) <= 1:
             results = map(_decode_chunk, chunks, [size] * len(chunks))
             images = _collect(results, bar)
         else:
             with Pool(workers) as pool:
                 images = _collect(pool.imap(_decode_task, [(c, size) for c in chunks]), bar)
+    if quiet:
+        logging.getLogger("fedlnl").info("%s: done", desc)
     bad = [i for i, im in enumerate(images) if isinstance(im, str)]
     if bad and (not skip_corrupt or len(bad) == len(paths)):
         more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""

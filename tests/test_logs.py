@@ -1,0 +1,66 @@
+"""Logs without walls (issue 35 item 4): progress bars only on a terminal, whole cell names in a plan."""
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from conftest import REPO
+from fedlnl.benchmark.plan import cell_names
+from fedlnl.datasets import sources
+
+ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "WANDB_MODE": "offline", "WANDB_SILENT": "true"}
+TINY = ["method=fedavg", "debug=tiny", "logger=none", "device=cpu", "threads=1"]
+
+
+def test_a_redirected_decode_logs_a_start_and_an_end_line_and_no_bar(tmp_path, capfd, caplog):
+    from PIL import Image
+
+    paths = []
+    for i in range(3):
+        paths.append(tmp_path / f"{i}.jpg")
+        Image.fromarray(np.full((4, 4, 3), 40 * i, dtype=np.uint8)).save(paths[-1])
+    with caplog.at_level(logging.INFO, logger="fedlnl"):
+        images, kept = sources._decode_all(paths, None, 1, "decoding toy/train")
+    assert images.shape == (3, 3, 4, 4) and kept.tolist() == [0, 1, 2]
+    assert [r.getMessage() for r in caplog.records] == ["decoding toy/train: 3 images", "decoding toy/train: done"]
+    out, err = capfd.readouterr()
+    assert "\r" not in out + err and "img/s" not in out + err
+
+
+def test_a_run_logged_to_a_file_holds_no_carriage_return(tmp_path):
+    log = tmp_path / "run.log"
+    with log.open("w") as fh:
+        proc = subprocess.run([sys.executable, "-m", "fedlnl.benchmark.run", *TINY, "fl.rounds=3",
+                               f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path, env=ENV, stdout=fh,
+                              stderr=subprocess.STDOUT, timeout=600)
+    text = log.read_text()
+    assert proc.returncode == 0, text[-2000:]
+    assert "round 3/3" in text and "\r" not in text
+
+
+def test_plan_cell_names_are_whole_and_relative_to_their_sweep():
+    sweep = Path("/results/sweeps/a_rather_long_sweep_name")
+    long = "method=dividemix,noise.rho_tau=[0.6,0.5],partition=dirichlet,partition.alpha_dir=0.5,seed=2"
+    names, root = cell_names([sweep / long, sweep / "method=fedavg,seed=0"])
+    assert (names, root) == ([long, "method=fedavg,seed=0"], sweep)
+    names, root = cell_names([sweep / long, Path("/elsewhere/x")])
+    assert (names, root) == ([str(sweep / long), "/elsewhere/x"], None)
+
+
+def test_a_dry_run_prints_every_cell_name_whole(tmp_path):
+    sweep = tmp_path / ("s" * 80)
+    proc = subprocess.run([sys.executable, "-m", "fedlnl.benchmark.run", "-m", *TINY, "fl.rounds=2",
+                           "seed=0,1", f"hydra.sweep.dir={sweep}", "dry_run=true"], cwd=tmp_path, env=ENV,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert f"cells under {sweep}:" in proc.stdout
+    for seed in (0, 1):
+        name = f"debug=tiny,fl.rounds=2,method=fedavg,seed={seed}"
+        rows = [ln for ln in proc.stdout.splitlines() if ln.startswith(name + " ")]
+        assert len(rows) == 1, proc.stdout
+    assert not (REPO / "results" / "sweeps" / ("s" * 80)).exists()
