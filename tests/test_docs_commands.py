@@ -36,7 +36,7 @@ from conftest import CONF, REPO, SHARED
 from test_robustness import cli
 
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
-PROGRAMS = ("fedlnl-run", "fedlnl-report", "make", "python", "wandb")
+PROGRAMS = ("fedlnl-run", "fedlnl-report", "fedlnl-export", "make", "python", "wandb")
 INLINE = ("fedlnl-run ", "fedlnl-report ", "make ")
 SHELL_BLOCKS = ("", "bash", "sh", "shell", "console")
 
@@ -214,12 +214,30 @@ def run_fedlnl(cmd: Command, args: list[str], tmp_path: Path) -> None:
             study.mkdir(parents=True)
             (study / "optimization_results.yaml").write_text(f"name: optuna\nbest_params: {{}}\nbest_value: 0.5\n"
                                                              f"objective: selected_val_acc\nmethod: {method.stem}\n")
+    where = next((a.split("=", 1)[1] for a in args if a.startswith("federation=")), None)
+    if where is not None:  # an export of the same setting, as fedlnl-export writes it
+        run_export([f"out={where}", *(a for a in args if a.split("=", 1)[0] in FEDERATION_KEYS)], tmp_path)
     if cmd.output:  # shown with its refusal: the very line, exit 2
         code, out, err = cli(args, tmp_path)
         _expect_error(cmd, code, out + err)
         return
     code, out, err = cli(plan_args(args), tmp_path)
     assert code == 0, f"{cmd.where}: {cmd.text}\n{(out + err)[-3000:]}"
+
+
+#: the overrides an export needs to match a run's federation (the run-only keys left out)
+FEDERATION_KEYS = ("dataset", "partition", "noise", "seed", "fl.num_clients", "selection.val_share",
+                   "selection.client_test_size", "noise.rho_tau", "noise.rho", "noise.tau", "partition.p",
+                   "partition.alpha_dir", "experiment", "debug")
+
+
+def run_export(args: list[str], tmp_path: Path) -> None:
+    """fedlnl-export as typed (on digits it takes seconds), in the scratch directory."""
+    if any("cifar10_jpeg" in a or a == "noise=cifarn" for a in args) and not (SHARED / "data").is_dir():
+        pytest.skip(f"shared data not found at {SHARED}/data")
+    res = subprocess.run([sys.executable, "-m", "fedlnl.benchmark.export", *args], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-2000:]
 
 
 def run_report(args: list[str], sweep: Path, tmp_path: Path) -> None:
@@ -244,6 +262,8 @@ def test_command(cmd: Command, fake_sweep: Path, tmp_path: Path):
         run_fedlnl(cmd, args, tmp_path)
     elif program == "fedlnl-report":
         run_report(args, fake_sweep, tmp_path)
+    elif program == "fedlnl-export":
+        run_export(args, tmp_path)
     elif program == "make":
         res = subprocess.run(["make", "-n", *args], cwd=REPO, capture_output=True, text=True)
         assert res.returncode == 0, res.stderr

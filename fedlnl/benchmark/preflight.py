@@ -116,7 +116,7 @@ def build_cell(cfg, method, model_label: str, device="cpu", models: dict | None 
     """Load the data, build the federation and the model, and size the schedule, raising
     ConfigError with one line for anything the data or the model cannot satisfy. ``models``
     memoises models by config and data shape (a sweep's checks; a run builds its own)."""
-    from fedlnl.datasets.federation import build_federation, load_source
+    from fedlnl.datasets.federation import build_federation, import_federation, load_source
 
     where = None if models is None else "source:" + json.dumps(OmegaConf.to_container(cfg.dataset, resolve=True),
                                                              sort_keys=True, default=str)
@@ -132,8 +132,10 @@ def build_cell(cfg, method, model_label: str, device="cpu", models: dict | None 
     check_data(cfg, num_train=int(source.y_train.shape[0]))
     try:
         sel = SelectionSettings.of(cfg.get("selection"))
-        fed = build_federation(cfg.dataset, cfg.partition, cfg.noise, cfg.fl.num_clients, cfg.seed,
-                               sel.val_share, sel.client_test_size)
+        args = (cfg.dataset, cfg.partition, cfg.noise, cfg.fl.num_clients, cfg.seed, sel.val_share,
+                sel.client_test_size)
+        where = cfg.get("federation")  # an exported federation (fedlnl-export), checked before use
+        fed = import_federation(where, *args) if where else build_federation(*args)
     except DATA_ERRORS as err:  # partition/noise settings the data cannot satisfy
         raise ConfigError(first_line(err)) from err
     src = fed.source

@@ -157,6 +157,9 @@ def validate(cfg: DictConfig, num_train: int | None = None) -> None:
     tuned = _get(cfg, "tuned")
     if tuned is not _MISSING and tuned is not None and not isinstance(tuned, str):
         checks.fail("tuned", tuned, "null or the path of an experiment=tune result (a file or a directory)")
+    where = _get(cfg, "federation")
+    if where is not _MISSING and where is not None and not isinstance(where, str):
+        checks.fail("federation", where, "null or the directory of a fedlnl-export")
     _int(cfg, "tune.trials", 1)
     _int(cfg, "tune.seed", 0)
     name = _get(cfg, "name")

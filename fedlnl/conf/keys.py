@@ -23,7 +23,8 @@ from __future__ import annotations
 #: ``compile`` is not here: a compiled local step (``methods/common/compiled.py``) rounds differently from
 #: the eager one, so compiled and eager runs are two configurations.
 NON_RESULT_KEYS = ("logger", "name", "preset", "checkpoint_every", "checkpoint_minutes", "skip_complete",
-                   "reuse_prefix", "dry_run", "device", "determinism", "data_placement", "tuned", "tune", "hydra")
+                   "reuse_prefix", "dry_run", "device", "determinism", "data_placement", "tuned", "tune", "hydra",
+                   "federation")
 
 #: result keys added after runs were already made, with the value that reproduces those runs: at that
 #: value the key stays out of the config hash, so a run made before the key existed keeps its hash

@@ -5,6 +5,7 @@ import hashlib
 import json
 import math
 from dataclasses import replace
+from pathlib import Path
 from typing import Any, Mapping
 
 import numpy as np
@@ -59,6 +60,33 @@ def build_federation(
     fed = _FEDERATIONS[key]
     return replace(fed, client_indices=list(fed.client_indices), labels=fed.labels.clone(),
                    client_val=list(fed.client_val), client_test=list(fed.client_test))
+
+
+def import_federation(where, dataset_cfg: Mapping[str, Any], partition_cfg: Mapping[str, Any],
+                      noise_cfg: Mapping[str, Any], num_clients: int, seed: int, val_share: float = 0.0,
+                      client_test_size: int = 500) -> Federation:
+    """The federation exported to ``where`` (``fedlnl-export``; ``fedlnl.datasets.portable``), on
+    this run's dataset, after checking its checksums, its setting against this run's and its hash."""
+    from . import portable
+
+    setting = federation_setting(dataset_cfg, partition_cfg, noise_cfg, num_clients, seed, val_share,
+                                 client_test_size)
+    source = label_space(load_source(dataset_cfg), setting["noise"])
+    fed = portable.read(Path(str(where)).expanduser(), source, setting, federation_hash)
+    return replace(fed, labels=fed.labels.clone())
+
+
+def federation_setting(dataset_cfg, partition_cfg, noise_cfg, num_clients: int, seed: int, val_share: float,
+                       client_test_size: int) -> dict:
+    """What an export records and an import compares (``portable.setting_of``): the settings
+    ``build_federation`` keys its memo on, without the sweep conveniences."""
+    from . import portable
+
+    part, noise = _plain(partition_cfg), _plain(noise_cfg)
+    part.pop("p_alpha", None)
+    noise.pop("rho_tau", None)
+    noise.pop("fidelity", None)
+    return portable.setting_of(_plain(dataset_cfg), part, noise, num_clients, seed, val_share, client_test_size)
 
 
 def load_source(dataset_cfg: Mapping[str, Any]) -> Source:
