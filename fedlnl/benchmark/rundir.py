@@ -17,7 +17,7 @@ from pathlib import Path
 
 from fedlnl.benchmark import integrity
 from fedlnl.benchmark.lock import CellLock, LockError
-from fedlnl.conf.keys import LEGACY_VALUES, NON_RESULT_KEYS
+from fedlnl.conf.keys import LEGACY_NESTED, LEGACY_VALUES, NON_RESULT_KEYS
 from fedlnl.benchmark.validate import ConfigError
 
 #: statuses of a run whose directory belongs to its config: final ones, and interrupted (resumable)
@@ -27,6 +27,9 @@ KEPT = ("complete", "diverged", "interrupted")
 def config_hash(cfg: dict) -> str:
     kept = {k: v for k, v in cfg.items()
             if k not in NON_RESULT_KEYS and not (k in LEGACY_VALUES and is_legacy(v, LEGACY_VALUES[k]))}
+    for (node, key), legacy in LEGACY_NESTED.items():
+        if isinstance(kept.get(node), dict) and key in kept[node] and kept[node][key] == legacy:
+            kept[node] = {k: v for k, v in kept[node].items() if k != key}
     return hashlib.blake2b(json.dumps(kept, sort_keys=True, default=str).encode(), digest_size=8).hexdigest()
 
 

@@ -33,6 +33,9 @@ NON_RESULT_KEYS = ("logger", "name", "preset", "checkpoint_every", "checkpoint_m
 #: validation set, 500-image client test sets, client figures at the reported round only).
 LEGACY_VALUES = {"compile": False,
                  "selection": {"val_share": 0, "client_test_size": 500, "client_every_eval": False}}
+#: the same for a key inside a node ({(node, key): value}): at that value the key is left out of the node
+#: in the config hash (noise=cifarn's annotator_weights, added with label_set=annotators)
+LEGACY_NESTED = {("noise", "annotator_weights"): None}
 
 #: command-line overrides left out of a sweep cell's directory name (``${cell_dir_excluded:}``): the
 #: result-neutral keys and the logger's mode; the preset selectors (the sweep directory is named after

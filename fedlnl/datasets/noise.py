@@ -61,6 +61,7 @@ registry without it.
 """
 from __future__ import annotations
 
+import inspect
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Mapping
@@ -101,6 +102,7 @@ def add_noise(
     groups: list | None = None,
     features: torch.Tensor | None = None,
     classes: tuple[str, ...] = (),
+    annotator_weights: list | None = None,
 ) -> tuple[torch.Tensor, Oracle]:
     """Corrupt ``labels`` client by client; returns (observed labels, oracle).
 
@@ -115,9 +117,10 @@ def add_noise(
         raise ValueError(f"noise.kind={kind!r} is invalid: allowed {', '.join(_noises())}")
     noise = {"kind": kind, "rho": rho, "tau": tau, "count": count, "label_range": label_range,
              "exclude_true": exclude_true, "label_set": label_set, "file": file, "map": map, "std": std,
-             "groups": groups}
-    if spec.real is not None:  # real noise replaces the labels as a whole
-        return spec.fn(labels, client_indices, noise, clean)
+             "groups": groups, "annotator_weights": annotator_weights}
+    if spec.real is not None:  # real noise replaces the labels as a whole (drawing from rng if it takes one)
+        takes_rng = "rng" in inspect.signature(spec.fn).parameters
+        return spec.fn(labels, client_indices, noise, clean, **({"rng": rng} if takes_rng else {}))
     if clean is not None:
         return _real_noise(labels, _as_numpy(clean), client_indices, rho)
     _validate(spec, rho, tau, count, label_range, std)
@@ -574,6 +577,8 @@ CIFARN_SETS = {
     "coarse": ("CIFAR-100_human.pt", "noisy_coarse_label", "clean_coarse_label"),
 }
 CIFARN_URL = "https://github.com/UCSC-REAL/cifar-10-100n (data/)"
+#: ``label_set=annotators``: each client gets the labels of one of CIFAR-10N's three independent annotators
+ANNOTATORS = ("random1", "random2", "random3")
 
 
 def label_space(source: Source, noise: Mapping) -> Source:
@@ -597,7 +602,16 @@ def cifarn_space(source: Source, noise: Mapping) -> Source:
 
 
 def _check_cifarn(noise: dict) -> None:
-    one_of("noise.label_set", noise.get("label_set"), tuple(CIFARN_SETS))
+    one_of("noise.label_set", noise.get("label_set"), (*CIFARN_SETS, "annotators"))
+    weights = noise.get("annotator_weights")
+    if weights is not None:
+        if noise.get("label_set") != "annotators":
+            fail("noise.annotator_weights", weights, "null unless noise.label_set=annotators")
+        if (not isinstance(weights, (list, tuple)) or len(weights) != len(ANNOTATORS)
+                or not all(isinstance(w, (int, float)) and not isinstance(w, bool) and w >= 0 for w in weights)
+                or not sum(weights) > 0):
+            fail("noise.annotator_weights", weights, f"null (balanced) or {len(ANNOTATORS)} weights >= 0 with a "
+                 f"positive sum, one per annotator ({', '.join(ANNOTATORS)})")
     for key in ("rho", "tau"):
         if noise.get(key) not in (None, 0, 0.0):
             fail(f"noise.{key}", noise[key], "null (real noise: no synthetic level)")
@@ -605,12 +619,56 @@ def _check_cifarn(noise: dict) -> None:
         fail("noise.file", noise.get("file"), "a path to the CIFAR-N .pt file or its folder")
 
 
-@noise_kind("cifarn", keys=("label_set", "file", "rho", "tau"), check=_check_cifarn, setting=("label_set",),
-            label=_named_label, real=lambda noise: PUBLISHED_RATES.get(noise.get("label_set")), space=cifarn_space)
-def cifarn(labels, client_indices, noise: Mapping, clean=None):
-    """Real human noise: the CIFAR-N label set ``noise.label_set`` (:func:`human_noise`)."""
+def _cifarn_rate(noise: Mapping) -> float | None:
+    """The published share of wrong labels; annotators: the mean of theirs, weighted by the assignment."""
+    if noise.get("label_set") != "annotators":
+        return PUBLISHED_RATES.get(noise.get("label_set"))
+    weights = np.asarray(noise.get("annotator_weights") or [1.0] * len(ANNOTATORS), dtype=np.float64)
+    return float(weights @ [PUBLISHED_RATES[a] for a in ANNOTATORS] / weights.sum())
+
+
+@noise_kind("cifarn", keys=("label_set", "file", "rho", "tau", "annotator_weights"), check=_check_cifarn,
+            setting=("label_set",), label=_named_label, real=_cifarn_rate, space=cifarn_space)
+def cifarn(labels, client_indices, noise: Mapping, clean=None, rng: np.random.Generator | None = None):
+    """Real human noise: the CIFAR-N label set ``noise.label_set`` (:func:`human_noise`), or with
+    ``annotators`` one annotator's labels per client (:func:`annotator_noise`)."""
+    if noise.get("label_set") == "annotators":
+        return annotator_noise(labels, client_indices, noise.get("file"), noise.get("annotator_weights"), rng,
+                               noise.get("rho"), noise.get("tau"), clean)
     return human_noise(labels, client_indices, noise.get("file"), noise.get("label_set"), noise.get("rho"),
                        noise.get("tau"), clean)
+
+
+def assign_annotators(num_clients: int, weights, rng: np.random.Generator) -> np.ndarray:
+    """Each client's annotator (an index into ``ANNOTATORS``): balanced (``weights`` None) = the
+    counts differ by at most one, in a random order; else each drawn independently with
+    probabilities ``weights / sum(weights)``. One draw from ``rng`` either way."""
+    k = len(ANNOTATORS)
+    if weights is None:
+        return rng.permutation(np.arange(num_clients) % k)
+    p = np.asarray(weights, dtype=np.float64)
+    return rng.choice(k, size=num_clients, p=p / p.sum())
+
+
+def annotator_noise(labels, client_indices, file, weights, rng, rho=None, tau=None, clean=None):
+    """CIFAR-10N at the annotator level: client k's observed labels are those of annotator
+    ``assign_annotators(...)[k]``; samples of no client keep the first annotator's. Oracle: clean =
+    the dataset's labels, mu and the noisy flag = each client's realized rate, its kind = its annotator."""
+    if rho or tau:
+        raise ValueError(f"noise=cifarn is real noise: noise.rho/noise.tau do not apply (got {rho}, {tau})")
+    if clean is not None:
+        raise ValueError("noise=cifarn needs a dataset with clean labels (cifar10 or cifar10_jpeg)")
+    if rng is None:
+        raise ValueError("noise.label_set=annotators draws each client's annotator: it needs the noise generator")
+    labels = _as_numpy(labels)
+    sets = [cifarn_labels(file, name, labels) for name in ANNOTATORS]
+    who = assign_annotators(len(client_indices), weights, rng)
+    noisy = sets[0].copy()
+    for ix, a in zip(client_indices, who):
+        noisy[ix] = sets[a][ix]
+    rate = realized_rates(labels, noisy, client_indices)
+    return _tensor(noisy), _oracle(labels.copy(), noisy, client_indices, rate, rate > 0,
+                                   [ANNOTATORS[a] for a in who])
 
 
 def human_noise(labels, client_indices, file, label_set, rho=None, tau=None, clean=None):
