@@ -182,7 +182,7 @@ CHANGED = {
     # a FedCorr + X stage 3 takes X's own per-dataset table, so PoC's digits pool d = 10 applies as
     # it does to PoC alone (before, only method=poc read poc_digits.yaml; stage 3 kept d = 30)
     ("experiment=quickstart", "fedcorr_poc", "stage3.d"): (30, 10),
-    # issue 13: RoFL's paper mode sets the forget rate to the noise rate (methods.md R3), resolved at
+    # issue 13: RoFL's paper mode sets the forget rate to the noise rate (docs/methods/rofl.md R3), resolved at
     # run time to the federation's nominal rate (FederationInfo.noise_rate: e.g. 0.405 at (0.6, 0.5)
     # on 10 classes, 0 at (0, 0), Clothing1M's published 0.3846); the code's 0.2 is the reference
     # value. No preset cell had a nominal rate of exactly 0.2, so every RoFL cell changes.
@@ -191,7 +191,7 @@ CHANGED = {
         "paper=fedcorr_t9", "paper=fedcorr_t11", "paper=fedcorr_t12", "paper=fedcorr_t13", "paper=feddiv_t1",
         "paper=feddiv_t2", "paper=feddiv_t3", "paper=feddiv_t4")},
     # FedDiv: where the paper is silent the default is the official code's behaviour in both
-    # fidelities (methods.md §3.6 D5, D6, D14, D15; docs/feddiv_official.md: raw losses made the
+    # fidelities (docs/methods/feddiv.md §3.6 D5, D6, D14, D15; docs/feddiv_official.md: raw losses made the
     # filter flag nearly every sample)
     **{(preset, "feddiv", key): (False, True) for key in (
         "normalize_losses", "augment_passes", "unmixed_forward", "skip_small_subsets") for preset in (

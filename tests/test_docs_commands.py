@@ -35,7 +35,7 @@ from omegaconf import OmegaConf
 from conftest import CONF, REPO, SHARED
 from test_robustness import cli
 
-PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+PAGES = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]  # docs/methods/ too
 PROGRAMS = ("fedlnl-run", "fedlnl-report", "fedlnl-export", "make", "python", "wandb")
 INLINE = ("fedlnl-run ", "fedlnl-report ", "make ")
 SHELL_BLOCKS = ("", "bash", "sh", "shell", "console")

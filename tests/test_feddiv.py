@@ -35,7 +35,7 @@ def test_aggregation_closed_form_gamma_and_gamma_squared():
 
 
 def test_gamma_squared_shrinks_variance_by_client_count():
-    """K equal clients with equal filters: γ keeps σ², γ² divides it by K (methods.md §17)."""
+    """K equal clients with equal filters: γ keeps σ², γ² divides it by K (docs/methods/setup.md §17)."""
     f = fd.make_filter([0.2, 0.8], [0.01, 0.03], [0.5, 0.5])
     a = fd.aggregate_filters([f] * 10, [50] * 10, "gamma")
     b = fd.aggregate_filters([f] * 10, [50] * 10, "gamma_squared")
@@ -244,7 +244,7 @@ def test_eta_follows_partition_and_fidelity_flips_every_switch():
             "persistent_relabels": True, "phat_conf_mask": 0.85, "eta_twice": True,
             "unmixed_forward": True, "skip_small_subsets": True, "align_components": False}
     assert {k: ref[k] for k in want} == want
-    # where the paper is silent the default is the code's value (methods.md §3.7)
+    # where the paper is silent the default is the code's value (docs/methods/feddiv.md §3.7)
     silent = {"normalize_losses", "augment_passes", "unmixed_forward", "skip_small_subsets"}
     assert all(paper[k] == want[k] for k in silent)
     assert all(paper[k] != want[k] for k in want if k not in silent)

@@ -1,4 +1,4 @@
-"""Closed-form checks of the optimisation baselines (methods.md §20): FedExP's server step size and
+"""Closed-form checks of the optimisation baselines (docs/methods/fedexp_fedsam.md §20): FedExP's server step size and
 extrapolation (with its evaluation average and FNBench's variants), and FedSAM's sharpness-aware
 step on a quadratic whose SAM gradient is known."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""FedLSR, FedRN, FedELC: closed-form checks of their distinctive pieces (methods.md §22), the stores
+"""FedLSR, FedRN, FedELC: closed-form checks of their distinctive pieces (docs/methods/fedlsr_fedrn_fedelc.md §22), the stores
 and the second view they add to the kit, their switches, and small runs of their mechanics."""
 import math
 

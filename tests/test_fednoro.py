@@ -260,7 +260,7 @@ def test_tiny_run_is_deterministic(tmp_path):
 
 
 # ----------------------------------------------------------------------------- the code's forms (audit rows)
-# Each test re-derives the official code's formula (wnn2000/FedNoRo@6719ad7, methods.md §18) in plain
+# Each test re-derives the official code's formula (wnn2000/FedNoRo@6719ad7, docs/methods/fednoro.md §18) in plain
 # NumPy / torch on fixed tensors and compares the function fedlnl runs by default.
 def _code_la_kd(logits, teacher, labels, counts, w_kd, temperature):
     """``LA_KD`` (utils/losses.py): log p = log_softmax(f + log π), −∞ → 0; w·KL(q ‖ p) + (1 − w)·NLL."""

@@ -1,4 +1,4 @@
-"""SELFIE, Symmetric Cross Entropy, Co-teaching and Co-teaching+ as local training (methods.md §21):
+"""SELFIE, Symmetric Cross Entropy, Co-teaching and Co-teaching+ as local training (docs/methods/local_lnl.md §21):
 closed forms of each distinctive piece on hand-made inputs, the shared helpers (small-loss counts,
 forget-rate schedules, prediction histories, the pair of networks), their switches and checks."""
 from __future__ import annotations

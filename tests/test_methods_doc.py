@@ -1,6 +1,7 @@
-"""docs/methods.md §23 documents every default of every method YAML with its source.
+"""The §23 tables of docs/methods/ document every default of every method YAML with its source.
 
-One table per ``conf/method/<name>.yaml`` under a heading ``### §23.N `<name>` (...)``, one row per
+One table per ``conf/method/<name>.yaml`` under a heading ``### §23.N `<name>` (...)`` on the method's
+page (docs/methods/index.md maps each method to it; tests/test_doc_citations.py checks that), one row per
 top-level key (``_target_`` and the Hydra ``defaults`` list excluded; a composition's
 ``/method@stage3: X`` entry is the row ``stage3`` with default ``X``):
 
@@ -28,7 +29,7 @@ from omegaconf import OmegaConf
 
 from conftest import CONF, REPO
 
-DOC = REPO / "docs" / "methods.md"
+PAGES = REPO / "docs" / "methods"
 METHODS = sorted(p.stem for p in (CONF / "method").glob("*.yaml"))
 KINDS = ("paper", "code", "our choice", "unsourced")
 UNSOURCED = "unsourced — our choice, reason not recorded"
@@ -89,7 +90,7 @@ def same_default(written: str, value) -> bool:
 def key_problems(name: str, tables: dict) -> list[str]:
     """Missing, stale, duplicated and mismatched rows of one method's table."""
     if name not in tables:
-        return [f"docs/methods.md has no §23 table for conf/method/{name}.yaml (### §23.N `{name}` ...)"]
+        return [f"docs/methods/ has no §23 table for conf/method/{name}.yaml (### §23.N `{name}` ...)"]
     rows, expected = tables[name]["rows"], expected_rows(name)
     out = [f"{name}: key `{k}` has no row" for k in expected if k not in rows]
     out += [f"{name}: row `{k}` names no key of the YAML" for k in rows if k not in expected]
@@ -99,9 +100,22 @@ def key_problems(name: str, tables: dict) -> list[str]:
     return out
 
 
+def page_texts() -> dict[str, str]:
+    return {p.stem: p.read_text(encoding="utf-8") for p in sorted(PAGES.glob("*.md"))}
+
+
 @pytest.fixture(scope="module")
 def text():
-    return DOC.read_text(encoding="utf-8")
+    """All pages, one after the other (each table's heading opens it, the next heading ends it)."""
+    return "\n".join(page_texts().values())
+
+
+@pytest.fixture(scope="module")
+def outside():
+    """The pages without their defaults tables (and without the index, whose method map names every
+    table): where a method's home section links to its table."""
+    return "\n".join(t.split("\n## Defaults and their sources\n", 1)[0]
+                     for name, t in page_texts().items() if name != "index")
 
 
 @pytest.fixture(scope="module")
@@ -119,7 +133,7 @@ def test_every_method_yaml_has_a_table(tables):
 @pytest.mark.parametrize("name", METHODS)
 def test_every_key_has_a_row_with_the_yaml_default(name, tables):
     problems = key_problems(name, tables)
-    assert not problems, "docs/methods.md §23 is out of date:\n" + "\n".join(problems)
+    assert not problems, "the §23 tables of docs/methods/ are out of date:\n" + "\n".join(problems)
 
 
 @pytest.mark.parametrize("name", METHODS)
@@ -134,16 +148,15 @@ def test_every_row_names_its_source(name, tables):
 
 
 @pytest.mark.parametrize("name", METHODS)
-def test_home_section_links_to_the_table(name, text, tables):
+def test_home_section_links_to_the_table(name, outside, tables):
     if name not in tables:
         pytest.fail(f"no §23 table for {name}")
-    outside = text.split("\n## §23 ", 1)[0]
     ref = f"§23.{tables[name]['num']}"
     # a range "§23.2–§23.5" names its ends; the numbers in between are covered by it
     ranges = [(int(a), int(b)) for a, b in re.findall(r"§23\.(\d+)–§23\.(\d+)", outside)]
     num = int(tables[name]["num"])
     assert re.search(rf"{re.escape(ref)}(?!\d)", outside) or any(a <= num <= b for a, b in ranges), \
-        f"no section of docs/methods.md outside §23 links to {ref} ({name})"
+        f"no section of docs/methods/ outside the §23 tables links to {ref} ({name})"
 
 
 def test_check_fails_on_a_removed_row_a_changed_default_and_an_unknown_key(text):
@@ -159,7 +172,7 @@ def test_check_fails_on_a_removed_row_a_changed_default_and_an_unknown_key(text)
     assert key_problems("fedcorr", tables) == ["fedcorr: key `lid_k` has no row",
                                                "fedcorr.beta: doc default `6.0` != YAML `5.0`"]
     assert key_problems("rfa", tables) == ["rfa: key `nu` has no row", "rfa: row `nu_` names no key of the YAML"]
-    assert key_problems("no_such_method", tables)[0].startswith("docs/methods.md has no §23 table")
+    assert key_problems("no_such_method", tables)[0].startswith("docs/methods/ has no §23 table")
 
 
 def test_expected_rows_of_a_composition():
@@ -181,7 +194,7 @@ def comment_problems(name: str, num: str) -> list[str]:
     first = next(i for i, line in enumerate(lines) if not line.startswith("#"))
     header = " ".join(lines[:first])
     out = [] if not fields or (params.__name__ in header and f"§23.{num}" in header) else [
-        f"{name}.yaml: the header does not point to {params.__name__} and docs/methods.md §23.{num}"]
+        f"{name}.yaml: the header does not point to {params.__name__} and §23.{num} (docs/methods/)"]
     block: list[str] = []
     for line in lines[first:]:
         if line.startswith("#"):

@@ -84,7 +84,7 @@ def test_first10_keeps_noisy_labels_in_first_ten_classes():
     assert mask.sum() > 1000
     assert observed[mask].max() <= 9
     noisy = o.noisy_client
-    # only a true label in 0..9 can be redrawn to itself: rate ~ mu (1 - 0.1 * 0.1), methods.md §1.4
+    # only a true label in 0..9 can be redrawn to itself: rate ~ mu (1 - 0.1 * 0.1), docs/methods/setup.md §1.4
     assert abs(o.realized_rate[noisy].sum() / o.mu[noisy].sum() - 0.99) < 0.02
 
 

@@ -1,5 +1,5 @@
 """The federation's nominal noise rate (``FederationInfo.noise_rate``) and RoFL's forget rate, which
-the paper sets to the noise rate (methods.md R3; issue 13): closed forms per noise model, the
+the paper sets to the noise rate (docs/methods/rofl.md R3; issue 13): closed forms per noise model, the
 realized rates they predict, the paper / reference values, and the preflight refusal without a rate."""
 from __future__ import annotations
 

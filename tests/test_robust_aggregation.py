@@ -1,4 +1,4 @@
-"""Closed-form checks of the robust aggregators (methods.md §19): Krum / Multi-Krum, trimmed mean (the
+"""Closed-form checks of the robust aggregators (docs/methods/robust_aggregation.md §19): Krum / Multi-Krum, trimmed mean (the
 paper's coordinate-wise rule and FNBench's client-score rule), RFA's smoothed Weiszfeld geometric
 median, norm clipping, the Byzantine count taken from the configured noisy-client share, and the
 one-line refusals of impossible settings."""

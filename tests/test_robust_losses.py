@@ -1,4 +1,4 @@
-"""GCE, MAE, NCE+RCE and bootstrapping as local training (methods.md §21.9–§21.13): each loss's value
+"""GCE, MAE, NCE+RCE and bootstrapping as local training (docs/methods/local_lnl.md §21.9–§21.13): each loss's value
 and gradient in closed form on hand-made logits, the limits the papers state (GCE → CE as q → 0,
 q = 1 gives 1 − p_y; NCE in [0, 1] summing to 1 over the labels; bootstrapping with β = 1 is CE),
 finite gradients at saturated logits, the switches and their checks. The end-to-end runs at tiny size
@@ -156,7 +156,7 @@ def test_bootstrap_soft_value_and_gradient_in_closed_form():
 
 
 def test_a_detached_soft_target_would_train_as_beta_times_ce():
-    """Why q keeps its gradient (methods.md §21.13 L23): with q detached, −Σ_k q_k log q_k has the gradient
+    """Why q keeps its gradient (docs/methods/local_lnl.md §21.13 L23): with q detached, −Σ_k q_k log q_k has the gradient
     q − q = 0, so the soft loss would train exactly as β·CE."""
     logits = torch.tensor(Z, dtype=torch.float64, requires_grad=True)
     log_q = F.log_softmax(logits, 1)

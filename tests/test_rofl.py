@@ -2,7 +2,7 @@
 
 From round T_pl on, a kept sample whose centroid label disagrees with its given label trains on the
 global model's own argmax, and λ_e·L_e (entropy minimisation) sharpens whatever the model predicts.
-Both are the reference code's formulas (methods.md §6); together they are a self-training loop that
+Both are the reference code's formulas (docs/methods/rofl.md §6); together they are a self-training loop that
 collapsed ``experiment=reproduce_small`` to one class when T_pl = 8 started it on a 41 %-accurate
 LeNet. These tests pin the single step that drives it, so a change to RoFL's targets or entropy term
 cannot pass silently either way.

@@ -3,7 +3,7 @@
 
 Columns: warm-up end accuracy; best and last-10 test accuracy; the first 10 training rounds' mean
 accuracy and the share of correct / wrong labels the global filter flags there; the share of
-samples flagged in training round 1 (the initial filter's arbitrary split, methods.md §3.4);
+samples flagged in training round 1 (the initial filter's arbitrary split, docs/methods/feddiv.md §3.4);
 relabel events with their accuracy; the share of wrong labels at the end. Best is over the same
 evaluations on both sides: every 10th warm-up participation, the warm-up's last, and every
 training round (the official harness tests only those in the warm-up).

@@ -1,6 +1,6 @@
 """Run metrics from the evaluated rows: best / final / last-k accuracy, communication cost to a target.
 
-Semantics follow the papers (methods.md §14): best accuracy is the maximum over all evaluations of
+Semantics follow the papers (docs/methods/setup.md §14): best accuracy is the maximum over all evaluations of
 the global model on the full clean test set; total communication cost counts client participations
 (FedCorr appendix B); the cost to ζ is the cumulative cost at the first evaluation reaching ζ
 (FedCorr appendix C.3), or None when never reached.

@@ -38,7 +38,7 @@ def build_federation(
     """The federation of (dataset, partition, noise, num_clients, seed, selection); memoised in-process.
 
     The partition uses ``np.random.default_rng([seed, 1])`` and the noise ``default_rng([seed, 2])``:
-    two independent streams, as the reference re-seeds before each step (methods.md §1.5). Then each
+    two independent streams, as the reference re-seeds before each step (docs/methods/setup.md §1.5). Then each
     client holds out ``val_share`` of its (noisy) samples as its validation set (``hold_out``, stream
     ``[seed, 3]``) and gets a local test set of ``client_test_size`` images (``local_test_sets``, stream
     ``[seed, 4]``). The hash covers the validation indices when there are any (without them it is the

@@ -1,6 +1,6 @@
 """Label noise per client: synthetic models on FedCorr's per-client levels, and real human noise.
 
-Per-client levels, FedCorr Eq. 4 (methods.md §1.4): client k is noisy with probability rho
+Per-client levels, FedCorr Eq. 4 (docs/methods/setup.md §1.4): client k is noisy with probability rho
 (gamma_k ~ Bernoulli(rho)) and gets the level mu_k = gamma_k * (tau + (1 - tau) * u_k), u_k ~ U(0, 1).
 The kinds say what a noisy client's level does:
 

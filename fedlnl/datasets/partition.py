@@ -136,7 +136,7 @@ def noniid(
     rng: np.random.Generator,
     num_classes: int | None = None,
 ) -> list[np.ndarray]:
-    """FedCorr §3.1 non-IID split (methods.md §1.3).
+    """FedCorr §3.1 non-IID split (docs/methods/setup.md §1.3).
 
     Phi ~ Bernoulli(p) (clients x classes) says which classes a client holds; for each class j a
     symmetric Dirichlet(alpha) over its holders gives q_j, and each sample of class j goes to a

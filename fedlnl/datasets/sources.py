@@ -24,7 +24,7 @@ from tqdm import tqdm
 
 from .types import UNKNOWN_LABEL, DataError, DatasetUnavailable, Source, one_line
 
-#: methods.md §1.1: the reference code normalises CIFAR-10 with ImageNet statistics ...
+#: docs/methods/setup.md §1.1: the reference code normalises CIFAR-10 with ImageNet statistics ...
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 #: ... and CIFAR-100 with its own
@@ -494,7 +494,7 @@ CLOTHING1M_CLASSES = ("T-Shirt", "Shirt", "Knitwear", "Chiffon", "Sweater", "Hoo
                       "Jacket", "Down Coat", "Suit", "Shawl", "Dress", "Vest", "Underwear")
 CLOTHING1M_FILES = ("noisy_label_kv.txt", "clean_label_kv.txt", "noisy_train_key_list.txt",
                     "clean_test_key_list.txt")
-#: methods.md §1.1: Resize(256, 256) -> RandomCrop 224 -> HFlip (the crop needs no padding)
+#: docs/methods/setup.md §1.1: Resize(256, 256) -> RandomCrop 224 -> HFlip (the crop needs no padding)
 CLOTHING1M_AUGMENT = {"crop": 224, "pad": 0, "flip": True}
 _CLOTHING1M_CACHE_VERSION = "clothing1m-v2"  # v2: + kept positions (skip_corrupt)
 
@@ -518,7 +518,7 @@ def clothing1m(
     (in ``root`` or ``root/annotations``). Train = ``noisy_train_key_list.txt`` with the noisy
     labels of ``noisy_label_kv.txt``; test = ``clean_test_key_list.txt`` with clean labels.
 
-    Training images are resized to ``size`` (methods.md §1.1: 256x256, then ``augment`` crops 224
+    Training images are resized to ``size`` (docs/methods/setup.md §1.1: 256x256, then ``augment`` crops 224
     and flips), test images to ``test_size`` (224x224, no crop). ``max_train``/``max_test`` keep a
     uniformly random subset (drawn with ``subsample_seed``, list order kept): the full training set
     is about 196 GB as uint8 at 256x256. Decoded arrays are cached in ``cache_dir`` (None: no cache).

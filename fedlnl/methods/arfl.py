@@ -1,13 +1,13 @@
 """ARFL — Fu et al., "Attack-Resistant Federated Learning with Residual-based Reweighting",
 arXiv 1912.11464 (https://github.com/fushuhao6/Attack-Resistant-Federated-Learning,
 ``FedAvg/averaging.py::IRLS_aggregation_split_restricted``); configured as in FedCorr (Xu et al.,
-CVPR 2022): λ = 2, δ = 0.1, lr 0.01 on CIFAR / 0.003 on Clothing1M (methods.md §7).
+CVPR 2022): λ = 2, δ = 0.1, lr 0.01 on CIFAR / 0.003 on Clothing1M (docs/methods/arfl.md §7).
 
 Implementation notes
 - Client: FedCorr's local update (as FedAvg: full local data, cross-entropy, SGD with momentum
   ``fl.momentum``). The ARFL repository's own client (first 70% of each client's indices, at most 31
   batches per epoch) is not reproduced: FedCorr states its own client settings for ARFL and whether
-  it reused that client code is unknown (methods.md §7).
+  it reused that client code is unknown (docs/methods/arfl.md §7).
 - Server, per state-dict tensor with >= 1 dimension (BatchNorm statistics included) and per
   coordinate, with y_1..y_n the n client values:
   1. repeated-median line over (rank, value) of the sorted values: β₁ = med_i med_{j≠i}
@@ -169,11 +169,11 @@ class ARFLParams(Params):
 
     lam: float = param("λ: Huber constant K = λ·sqrt(2/n) of the IRLS weight", rule(positive, "a Huber constant λ > 0"),
                        search=around(4, "our choice: ×/÷ 4 around FedCorr's λ = 2 (the ARFL paper text was not "
-                                        "available, methods.md §0)"))
+                                        "available, docs/methods/index.md §0)"))
     delta: float = param("δ: coordinates whose IRLS weight is below δ are clipped to the repeated-median line",
                          rule(unit, "a clipping threshold in [0, 1]"),
                          search=linear(0.01, 0.5, "our choice: around FedCorr's δ = 0.1, up to half the IRLS weight "
-                                                  "range (the ARFL paper text was not available, methods.md §0)"))
+                                                  "range (the ARFL paper text was not available, docs/methods/index.md §0)"))
 
 
 class ARFL(FedAvg):

@@ -1,6 +1,6 @@
 """Bootstrapping as local training — Reed, Lee, Anguelov, Szegedy, Erhan & Rabinovich, "Training Deep
 Neural Networks on Noisy Labels with Bootstrapping", ICLR 2015 workshop (arXiv 1412.6596; no authors'
-code found). Facts: methods.md §21.13.
+code found). Facts: docs/methods/local_lnl.md §21.13.
 
 Loss: the target mixes the given one-hot label t with the model's own prediction q = softmax(z):
 - soft: ℓ = −Σ_k (β t_k + (1 − β) q_k) log q_k = β·CE + (1 − β)·H(q), the entropy of the
@@ -11,9 +11,9 @@ Loss: the target mixes the given one-hot label t with the model's own prediction
 β = 1 is the cross-entropy in both modes. Batch means.
 
 Federated adaptation: plain FedAvg whose clients train with the bootstrapped loss instead of CE, as
-SCE (methods.md §21.7); q is the client model's prediction at the step; no state anywhere.
+SCE (docs/methods/local_lnl.md §21.7); q is the client model's prediction at the step; no state anywhere.
 
-Values and sources of each key: docs/methods.md §23.35; what each key is: ``BootstrapParams``.
+Values and sources of each key: docs/methods/local_lnl.md §23.35; what each key is: ``BootstrapParams``.
 """
 from __future__ import annotations
 
@@ -45,14 +45,14 @@ def bootstrap_loss(logits: torch.Tensor, labels: torch.Tensor, beta: float, mode
 
 @dataclass(frozen=True)
 class BootstrapParams(Params):
-    """Bootstrapping's own numbers (conf/method/bootstrap.yaml; docs/methods.md §21.13)."""
+    """Bootstrapping's own numbers (conf/method/bootstrap.yaml; docs/methods/local_lnl.md §21.13)."""
 
     mode: str = param("soft: the target mixes in the prediction q; hard: its one-hot argmax",
                       rule(choice, MODES, text=True))
     beta: float = param("β: weight of the given label in the target (1: cross-entropy)",
                         rule(unit, "a weight in [0, 1]"),
                         search=linear(0.6, 1.0, "Reed et al. (2015) run β = 0.95 (soft) and 0.8 (hard) "
-                                                "(methods.md §23.35): uniform from below the hard value to CE (β = 1)"))
+                                                "(docs/methods/local_lnl.md §23.35): uniform from below the hard value to CE (β = 1)"))
 
 
 class Bootstrap(FedAvg):

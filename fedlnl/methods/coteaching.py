@@ -1,7 +1,7 @@
 """Co-teaching as local training — Han et al., "Co-teaching: Robust Training of Deep Neural Networks
 with Extremely Noisy Labels", NeurIPS 2018 (official code https://github.com/bhanML/Co-teaching at
 7c7fbe2), federated as FNBench does it (Jiang et al., https://github.com/Sprinter1999/FNBench at 9cec427:
-``fl_components/update.py::LocalUpdateCoteaching``, ``main_fed_LNL.py``). Facts: methods.md §21.
+``fl_components/update.py::LocalUpdateCoteaching``, ``main_fed_LNL.py``). Facts: docs/methods/local_lnl.md §21.
 
 Algorithm (paper Alg. 1), on every selected client: two networks f and g see each mini-batch D̄; each
 ranks it by its own cross-entropy and keeps its R(T)·|D̄| smallest-loss samples (D̄_f, D̄_g); f is
@@ -22,12 +22,12 @@ Federated adaptation (FNBench)
 - No client state: nothing persists on a client between rounds.
 
 Fidelity switches (``${fidelity:<paper>,<FNBench code>}``)
-Values and sources of each key: docs/methods.md §23.27; what each key is: ``pair.ForgettingParams``.
+Values and sources of each key: docs/methods/local_lnl.md §23.27; what each key is: ``pair.ForgettingParams``.
 
 ``forget_rate: noise`` reads ``FederationInfo.noise_rate`` (the rate the noise config implies, e.g.
 ρ(1+τ)/2·(1 − 1/M) for symmetric noise, or a real label set's published rate; never measured on
 labels), one value for every client as the paper's single τ; a config without a known rate is
-refused before training (methods.md R3). A number is accepted in either mode.
+refused before training (docs/methods/rofl.md R3). A number is accepted in either mode.
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Co-teaching+ as local training — Yu et al., "How does Disagreement Help Generalization against Label
 Corruption?", ICML 2019 (official code https://github.com/xingruiyu/coteaching_plus at a68ed61),
 federated as FNBench does it (https://github.com/Sprinter1999/FNBench at 9cec427:
-``fl_components/update.py::LocalUpdateCoteaching`` with ``is_coteaching_plus``). Facts: methods.md §21.
+``fl_components/update.py::LocalUpdateCoteaching`` with ``is_coteaching_plus``). Facts: docs/methods/local_lnl.md §21.
 
 Algorithm (paper Alg. 1), on every selected client, per mini-batch D̄ of two networks: keep the
 prediction-disagreement samples D̄' = {i : argmax f₁(x_i) ≠ argmax f₂(x_i)} (``pair.disagreement``); within D̄' each network keeps its λ(e)·|D̄'| smallest-loss samples and its peer is updated
@@ -12,11 +12,11 @@ Federated adaptation (FNBench) — as ``coteaching.py``: two global networks, ea
 averaged; both uploaded; test model network 1; the schedule counts global rounds with
 E_k = max(1, ⌊``gradual_share``·rounds⌋); the disagreement phase starts at round ``init_round``
 (FNBench hard-codes 10 rounds; the official code uses 20 / 5 / 0 epochs on CIFAR-10 / CIFAR-100 /
-MNIST, methods.md §21); fresh optimiser per round; no client state. The round's share of
+MNIST, docs/methods/local_lnl.md §21); fresh optimiser per round; no client state. The round's share of
 disagreeing samples is logged as ``disagree_share``.
 
 Fidelity switches (``${fidelity:<paper>,<FNBench code>}``)
-Values and sources of each key: docs/methods.md §23.28; what each key is: ``CoteachingPlusParams``.
+Values and sources of each key: docs/methods/local_lnl.md §23.28; what each key is: ``CoteachingPlusParams``.
 """
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ class CoteachingPlusParams(pair.ForgettingParams):
 
     init_round: int = param("first round of the disagreement phase", rule(integer, 0),
                             search=around(2, "our choice: ×/÷ 2 around FNBench's 10 (the official per-dataset epochs "
-                                             "0-100 are centralised; methods.md §21.6)", integer=True))
+                                             "0-100 are centralised; docs/methods/local_lnl.md §21.6)", integer=True))
     loss_on: str = param("L4: the disagreement phase's CE on the logits | on their softmax", rule(choice, LOSS_ON))
     empty_disagreement: str = param("L5: a batch without disagreement: no step (skip) | the whole batch",
                                     rule(choice, EMPTY))

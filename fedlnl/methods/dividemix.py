@@ -1,6 +1,6 @@
 """DivideMix as local training — Li, Socher & Hoi, "DivideMix: Learning with Noisy Labels as
 Semi-supervised Learning", ICLR 2020 (https://github.com/LiJunnan1992/DivideMix), run on each
-selected client as FedCorr (Xu et al., CVPR 2022) configured it (methods.md §12).
+selected client as FedCorr (Xu et al., CVPR 2022) configured it (docs/methods/dividemix.md §12).
 
 Schedule (FedCorr, CIFAR): ``warmup_rounds`` = 20 FedAvg rounds (``fl.local_epochs`` = 5, FedAvg's
 optimiser, cross-entropy) for each of the two networks, then ``train_rounds`` = 80 rounds in which
@@ -18,7 +18,7 @@ networks over two augmented views, mixup with λ' = max(λ, 1−λ), λ ~ Beta(4
 L_X + λ_u·ramp·L_U + L_reg (§3.3). λ_u per noise group (FedCorr): CIFAR-10 0 (low) / 25 (high),
 CIFAR-100 25 / 150 (the ``cifar100`` entries of ``conf/method/dividemix.yaml``); groups by ``semisup.noise_group``.
 
-Implementation notes and decisions where methods.md §12 says "unspecified"
+Implementation notes and decisions where docs/methods/dividemix.md §12 says "unspecified"
 - Clean data is not free for it: the two-component GMM splits every client's losses, clean or not,
   into a labelled and an unlabelled part, so at (ρ, τ) = (0, 0) it trails FedAvg (FedCorr Table 2 on
   CIFAR-10: 77.96 vs 93.11; the digits quickstart: 86.5 vs 92.8, 2 seeds).

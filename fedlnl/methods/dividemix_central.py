@@ -1,6 +1,6 @@
 """DivideMix, centralized reference — Li, Socher & Hoi, "DivideMix: Learning with Noisy Labels as
 Semi-supervised Learning", ICLR 2020 (https://github.com/LiJunnan1992/DivideMix), trained on the
-pooled noisy training set of the federation (FedCorr's "DivideMix (CL)" rows, methods.md §12).
+pooled noisy training set of the federation (FedCorr's "DivideMix (CL)" rows, docs/methods/dividemix.md §12).
 
 The runner gives this method one view over every training sample with the observed noisy labels
 (``sample_clients`` returns ``[ALL_CLIENTS]``), the same labels the federated runs of the same seed

@@ -1,6 +1,6 @@
 """FedAvg — McMahan et al., "Communication-Efficient Learning of Deep Networks from Decentralized
 Data", AISTATS 2017. No official repository; configured as in FedCorr (Xu et al., CVPR 2022,
-https://github.com/Xu-Jingyi/FedCorr), methods.md §4.
+https://github.com/Xu-Jingyi/FedCorr), docs/methods/fedavg.md §4.
 
 Implementation notes
 - Client: ``fl.local_epochs`` epochs of SGD (momentum 0.5, no weight decay, a fresh optimiser per

@@ -1,6 +1,6 @@
 """FedCorr — Xu, Chen, Liu, Zhou, Wang, Li, Wang, Huang, "FedCorr: Multi-Stage Federated Learning
 for Label Noise Correction", CVPR 2022. Official code: https://github.com/Xu-Jingyi/FedCorr
-(methods.md §2: stages, state, LID estimator, hyperparameters, code-vs-paper divergences Q1–Q25).
+(docs/methods/fedcorr.md §2: stages, state, LID estimator, hyperparameters, code-vs-paper divergences Q1–Q25).
 
 Three stages, decided from ``ctx.round`` (total rounds = T1·S + T2 + T3, see ``schedule``):
 
@@ -33,11 +33,11 @@ Three stages, decided from ``ctx.round`` (total rounds = T1·S + T2 + T3, see ``
 Local training everywhere: ``fl.local_epochs`` epochs of SGD (momentum 0.5, fresh optimiser), batch
 ``fl.batch_size``; server: n_k-weighted average of every state-dict entry (Q21). Relabels go through
 ``ctx.relabel`` (applied by the runner to every later view, permanent). Communication cost: one per
-client trained, so CIFAR-10 totals 100·5 + 10·500 + 10·450 = 10,000 (methods.md §14).
+client trained, so CIFAR-10 totals 100·5 + 10·500 + 10·450 = 10,000 (docs/methods/setup.md §14).
 
 Fidelity switches (default ``${fidelity:<paper>,<reference>}``; ``fidelity=reference`` = official code)
 
-Values and sources of each key: docs/methods.md §23.1; what each key is: ``FedCorrParams``.
+Values and sources of each key: docs/methods/fedcorr.md §23.1; what each key is: ``FedCorrParams``.
 
 ``stage1_replace`` only matters without fraction scheduling (one client per sub-round cannot repeat).
 Then the reference runs ⌊1/γ⌋ sub-rounds of ⌊γN⌋ draws (a client may train twice in a sub-round and
@@ -129,7 +129,7 @@ def schedule(num_clients, T1, T2, T3, frac, *, fraction_scheduling=True, fine_tu
              usual_training=True, replace=False, num_clean=None) -> list[tuple[str, int]]:
     """(stage, clients trained) for every round, computed without training. Stage 2 assumes
     ``num_clean`` = |S_c| clients qualify (all, if None); stage 3 is FedCorr's own FedAvg.
-    The sum of the second entries is the total communication cost (methods.md §14)."""
+    The sum of the second entries is the total communication cost (docs/methods/setup.md §14)."""
     s, m = stage1_shape(num_clients, frac, fraction_scheduling, replace)
     m23 = engine.cohort_size(frac, num_clients)
     out = []
@@ -158,7 +158,7 @@ def _switch(name: str, doc: str):
 
 @dataclass(frozen=True)
 class FedCorrParams(Params):
-    """FedCorr's own numbers (conf/method/fedcorr.yaml; docs/methods.md §2, Q-numbers there)."""
+    """FedCorr's own numbers (conf/method/fedcorr.yaml; docs/methods/fedcorr.md §2, Q-numbers there)."""
 
     T1: int = param("pre-processing iterations (each: every client once)", rule(integer, 1))
     T2: int = param("fine-tuning rounds", rule(integer, 0))

@@ -1,7 +1,7 @@
 """FedDiv — Li, Li, Cheng, Liao, Yu, "FedDiv: Collaborative Noise Filtering for Federated Learning
 with Noisy Labels", AAAI 2024 (arXiv 2312.12263). Official code: https://github.com/lijichang/FLNL-FedDiv
-(folder ``code release/``, commit 918624c). Facts: methods.md §3 (code), §3.5 (hyperparameters), §3.6
-(divergences), §16 (Tables 1–5).
+(folder ``code release/``, commit 918624c). Facts: docs/methods/feddiv.md §3 (code), §3.5 (hyperparameters), §3.6
+(divergences), docs/methods/paper_tables.md §16 (Tables 1–5).
 
 Algorithm (runner rounds; N clients, m = max(⌊ω·N⌋, 1) per training round)
 - Warm-up, 𝒯_wu iterations = 𝒯_wu·N rounds: every iteration visits the clients in a fresh random
@@ -25,7 +25,7 @@ Algorithm (runner rounds; N clients, m = max(⌊ω·N⌋, 1) per training round)
 - Server: FedAvg of the models (weights n_k = |D_k|); federated filter (Eq. 5) = γ-weighted
   average, γ_k = n_k/Σn, of the cached filters of **every client seen so far** in the training
   phase (a cached filter never expires): μ = Σγμ_k, σ² = Σγσ_k², π = Σγπ_k.
-- The initial global filter is the reference construction, seeded (methods.md §3.4, D2): an M-step
+- The initial global filter is the reference construction, seeded (docs/methods/feddiv.md §3.4, D2): an M-step
   from random responsibilities on 1000 points of two 1-D Gaussian blobs, standardised and min-max
   scaled; its components are almost identical, so the first training round's split is arbitrary.
   It lives on [0, 1]: the reference feeds it min-max-scaled losses (D5, the default). With raw
@@ -45,7 +45,7 @@ Stage lengths and communication cost
 Table 5 variants are flags (all off = FedDiv). Fidelity switches: ``${fidelity:<paper>,<reference>}``,
 ``fidelity=reference`` flips all, each can be set alone as ``method.<switch>=...``. Where the paper is
 silent (D5, ``augment_passes``, D14, D15) both fidelities use the code's behaviour and the other one is
-an option. Each key's paper and reference values, with their sources: docs/methods.md §23.6 (the table
+an option. Each key's paper and reference values, with their sources: docs/methods/feddiv.md §23.6 (the table
 of conf/method/feddiv.yaml) and §3.6 (D-numbers); what each key is: the field docs of ``FedDivParams``.
 docs/feddiv_official.md has the evidence (a raw-loss filter fitted on local losses and applied to the
 global model's larger losses flags nearly every sample). ``align_components`` is not a listed
@@ -67,7 +67,7 @@ Other implementation notes and deviations
   (as the code, D15); its reported train loss is then the global model's mean CE on its data.
 - A constant loss vector (min-max range 0) normalises to zeros instead of the code's NaN.
 - The initial filter and the local GMM fits take their seeds from ``ctx.rng`` (D2, D19 fixed).
-- Mixup is used in both stages (the code's ``--mixup``); methods.md §3.1. The regulariser applies in
+- Mixup is used in both stages (the code's ``--mixup``); docs/methods/feddiv.md §3.1. The regulariser applies in
   the warm-up too (the code's ``--reg`` acts in every ``update_weights`` call).
 - ζ = 0.75 as the main text and the sensitivity figure (the supplement also names 0.70).
 - The "Local filter" variant is read as "no federated filter": a client's filter only ever sees its
@@ -137,7 +137,7 @@ def sort_components(f: dict) -> dict:
 
 
 def initial_filter(rng: np.random.Generator, reg_covar: float, n: int = 1000) -> dict:
-    """The reference's initial filter (methods.md §3.4), seeded: one M-step from random
+    """The reference's initial filter (docs/methods/feddiv.md §3.4), seeded: one M-step from random
     responsibilities on two 1-D Gaussian blobs, standardised then min-max scaled."""
     from sklearn.datasets import make_blobs
 
@@ -260,7 +260,7 @@ def _nonneg(doc: str):
 
 @dataclass(frozen=True)
 class FedDivParams(Params):
-    """FedDiv's own numbers (conf/method/feddiv.yaml names each value's source; docs/methods.md §3.5-3.7,
+    """FedDiv's own numbers (conf/method/feddiv.yaml names each value's source; docs/methods/feddiv.md §3.5-3.7,
     D-numbers there)."""
 
     training_rounds: int | None = param("𝒯 = 𝒯_ft + 𝒯_ut training rounds; null = fl.rounds minus the warm-up",

@@ -1,7 +1,7 @@
 """FedDyn — Acar et al., "Federated Learning Based on Dynamic Regularization", ICLR 2021
 (https://github.com/alpemreacar/FedDyn, ``utils_methods.py::train_FedDyn``,
 ``utils_general.py::train_feddyn_mdl``); configured as in FedCorr (Xu et al., CVPR 2022): α = 0.01,
-lr 0.1 decayed ×0.998 per round (methods.md §9).
+lr 0.1 decayed ×0.998 per round (docs/methods/feddyn.md §9).
 
 Algorithm (paper Algorithm 1), with θ^{t−1} the server ("cloud") model sent to the clients:
 - client k minimises  L_k(θ) − ⟨∇L_k(θ_k^{t−1}), θ⟩ + α/2 ‖θ − θ^{t−1}‖²            (Eq. 1 / Alg. 1)
@@ -34,7 +34,7 @@ Fidelity switches (paper = FedDyn paper / FedCorr's stated setup; reference = of
 - ``adaptive_alpha``: false = one α for every client (paper); true = α_k = α · mean(n)/n_k (official).
 - ``momentum`` / ``weight_decay`` / ``max_grad_norm``: FedCorr's global local-training setup
   (momentum ``fl.momentum``, no weight decay, no clipping) vs the official solver (plain SGD, wd
-  1e-3, gradient-norm clipping at 10). Which one FedCorr ran is unknown (methods.md §9).
+  1e-3, gradient-norm clipping at 10). Which one FedCorr ran is unknown (docs/methods/feddyn.md §9).
 - ``bernoulli_sampling``: false = fixed m; true = every client independently with probability
   ``frac`` (redrawn if nobody is selected), so the cost per round varies, as the official code.
 - ``eval_cloud``: true = the runner tests the cloud model θ^t (the paper's output); false = the plain

@@ -3,14 +3,14 @@ with End-to-end Label Correction", CIKM 2024 (arXiv 2408.04301). Official code:
 https://github.com/Sprinter1999/FedELC at commit b5a8563 (``main_fed_LNL.py``,
 ``fl_models/update.py::LocalUpdateFedELC``, ``fl_models/fed.py::DaAgg``, ``utils/options.py``); the same
 code in FNBench (https://github.com/Sprinter1999/FNBench at 9cec427). Facts, hyperparameters and
-divergences: methods.md §22.3.
+divergences: docs/methods/fedlsr_fedrn_fedelc.md §22.3.
 
 Sources checked: both codes were read in those commits; of the paper only the abstract and
-third-party summaries were reachable as text (methods.md §22 lists the addresses): two stages; GMM
+third-party summaries were reachable as text (docs/methods/fedlsr_fedrn_fedelc.md §22 lists the addresses): two stages; GMM
 on class-wise losses; a learnable label distribution y^d updated by back-propagation; local
 objective L = L_c + α·L_comp + β·L_e; distance-aware aggregation. So no equation is cited by number
 and the paper column of the switches is inferred, as for FedNoRo, whose stage 1 FedELC shares
-(methods.md §18).
+(docs/methods/fednoro.md §18).
 
 Two stages within the budget ``fl.rounds``; m = max(⌊frac·N⌋, 1) clients per round.
 
@@ -18,7 +18,7 @@ Two stages within the budget ``fl.rounds``; m = max(⌊frac·N⌋, 1) clients pe
    logit-adjusted loss CE(f(x) + τ·log π_k, y) (π_k its observed class prior, τ = ``la_tau``).
    After round T₁ the global model's per-class losses on every client's observed labels are min-max
    normalised per class and a 2-component GMM flags the component with the larger sum of means as the
-   noisy clients (``common.noisyclients.detect_noisy_clients``, FedNoRo's rule, methods.md §18.2).
+   noisy clients (``common.noisyclients.detect_noisy_clients``, FedNoRo's rule, docs/methods/fednoro.md §18.2).
 2. **Stage 2**: clean clients keep the logit-adjusted loss. A noisy client k keeps, for each of its
    samples i, a learnable label vector ỹ_i ∈ R^C (``common.stores.SampleStore``, by global index,
    kept across rounds; first ỹ_i = K·onehot(y_i), K = ``K``) with y^d_i = softmax(ỹ_i), and trains
@@ -33,25 +33,25 @@ Two stages within the budget ``fl.rounds``; m = max(⌊frac·N⌋, 1) clients pe
    prediction: ỹ_i ← K·(softmax(ỹ_i) + softmax(f(x_i)))/2. The samples whose merged label disagrees
    with the observed one are reported noisy (``ctx.report_samples``); the observed labels themselves
    are never replaced (L_o always reads them), as in the code.
-   The server aggregates with DaAgg (methods.md §18.4): weights n_k·e^{−D̂_k}, D_k the distance of a
+   The server aggregates with DaAgg (docs/methods/fednoro.md §18.4): weights n_k·e^{−D̂_k}, D_k the distance of a
    noisy client's model to the nearest clean model of the round (0 for clean clients).
 
 Switches (the paper's text was not available, so every default is the code's form, as FedNoRo's;
 the inferred paper forms are settable):
 
-Values and sources of each key: docs/methods.md §23.31; what each key is: ``FedELCParams``.
+Values and sources of each key: docs/methods/fedlsr_fedrn_fedelc.md §23.31; what each key is: ``FedELCParams``.
 
 Plain options: ``daagg`` (false: n_k-weighted FedAvg in stage 2), ``merge_prediction`` (false: ỹ is
 not merged with the prediction after the local epochs), for ablations.
 
-Implementation notes and deviations (methods.md §22.3)
+Implementation notes and deviations (docs/methods/fedlsr_fedrn_fedelc.md §22.3)
 - Local training is the suite's (``fl`` group: SGD, epochs, batch, a fresh optimiser per round whose
   momentum lives across the local epochs); the code's lr 0.01, momentum 0.9, weight decay 5e-4,
   batch 64 are not pinned. λ acts on the gradient of a batch *mean*, so the step a sample's label
   takes scales with 1/batch size (as in the code).
 - The last short batch of an epoch is trained on and its labels updated (the code's loader drops it).
 - The merge pass reads plain images in eval mode (the code's reads augmented images in train mode).
-- Detection and DaAgg run as in FedNoRo's implementation (methods.md §18.7): detection through
+- Detection and DaAgg run as in FedNoRo's implementation (docs/methods/fednoro.md §18.7): detection through
   ``ctx.views`` on the server, DaAgg against the clean clients of the round, FedAvg weights when a
   round has no clean or no noisy client.
 """
@@ -76,7 +76,7 @@ from fedlnl.methods.fedavg import FedAvg
 # ----------------------------------------------------------------------------------- label correction
 def elc_loss(logits, ytilde, labels, alpha: float, beta: float) -> torch.Tensor:
     """L = L_c/C + α·L_o + β·L_e/C with L_c = KL(p ‖ softmax(ỹ)), L_o = −log softmax(ỹ)_y,
-    L_e = H(p), p = softmax(logits), batch means (methods.md §22.3)."""
+    L_e = H(p), p = softmax(logits), batch means (docs/methods/fedlsr_fedrn_fedelc.md §22.3)."""
     C = logits.shape[1]
     logp = F.log_softmax(logits, dim=1)
     p = logp.exp()
@@ -100,20 +100,20 @@ def merge_labels(ytilde: torch.Tensor, logits: torch.Tensor, K: float) -> torch.
 # ----------------------------------------------------------------------------------- the method
 @dataclass(frozen=True)
 class FedELCParams(DetectionParams):
-    """FedELC's own numbers (conf/method/fedelc.yaml names each value's source; docs/methods.md §22.3)."""
+    """FedELC's own numbers (conf/method/fedelc.yaml names each value's source; docs/methods/fedlsr_fedrn_fedelc.md §22.3)."""
 
     K: float = param("initial label vector K·onehot(y)", rule(positive, "a label scale K > 0"), convert=float)
     lambda_: float = param("λ: the label learning rate", rule(nonnegative, "a label learning rate λ >= 0"),
                            convert=float,
                            search=around(10, "our choice: ×/÷ 10 around the code's λ = 1000 (the paper's method "
-                                             "section was not readable, methods.md §22)"))
+                                             "section was not readable, docs/methods/fedlsr_fedrn_fedelc.md §22)"))
     alpha: float = param("α: weight of the compatibility term L_o", rule(nonnegative, "a loss weight >= 0"),
                          convert=float,
                          search=log_range(0.1, 2.0, "our choice: around the code's α = 0.5 and its comment's 1.0 "
-                                                    "(methods.md §22.3)"))
+                                                    "(docs/methods/fedlsr_fedrn_fedelc.md §22.3)"))
     beta: float = param("β: weight of the entropy term", rule(nonnegative, "a loss weight >= 0"), convert=float,
                         search=log_range(0.05, 1.0, "our choice: around the code's β = 0.2 and its comment's 0.5 "
-                                                    "(methods.md §22.3)"))
+                                                    "(docs/methods/fedlsr_fedrn_fedelc.md §22.3)"))
     merge_prediction: bool = param("ablation: merge the label vectors with the model's prediction after training",
                                    rule(flag))
 

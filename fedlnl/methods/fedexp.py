@@ -1,7 +1,7 @@
 """FedExP — Jhunjhunwala, Wang, Joshi, "FedExP: Speeding Up Federated Averaging via Extrapolation",
 ICLR 2023 (arXiv 2301.09604); official code Divyansh03/FedExP at 34b05a2 (``main.py``,
 ``util_general.py::LocalUpdate``); FNBench's adaptation (Sprinter1999/FNBench at 9cec427,
-``fl_components/fed.py::FedExp``) is the reference (methods.md §20.1).
+``fl_components/fed.py::FedExp``) is the reference (docs/methods/fedexp_fedsam.md §20.1).
 
 Algorithm: clients train as in FedAvg and send Δ_k = w_k − w^t; the server takes the extrapolated
 step w^{t+1} = w^t + η_g Δ̄ with Δ̄ = Σ_k p_k Δ_k and the adaptive server step size
@@ -26,7 +26,7 @@ Implementation notes
 
 Fidelity switches (paper = the paper and its official code; reference = FNBench's code)
 
-Values and sources of each key: docs/methods.md §23.23; what each key is: ``FedExPParams``.
+Values and sources of each key: docs/methods/fedexp_fedsam.md §23.23; what each key is: ``FedExPParams``.
 """
 from __future__ import annotations
 
@@ -56,10 +56,10 @@ def extrapolate(ref: torch.Tensor, avg: torch.Tensor, eta: float) -> torch.Tenso
 
 @dataclass(frozen=True)
 class FedExPParams(Params):
-    """FedExP's own numbers (conf/method/fedexp.yaml; docs/methods.md §20.1)."""
+    """FedExP's own numbers (conf/method/fedexp.yaml; docs/methods/fedexp_fedsam.md §20.1)."""
 
     eps: float = param("ε of the server step size's denominator", rule(positive, "a denominator constant ε > 0"),
-                       search=around(10, "our choice: ×/÷ 10 around the official code's ε = 1e-3 (methods.md §20.1)"))
+                       search=around(10, "our choice: ×/÷ 10 around the official code's ε = 1e-3 (docs/methods/fedexp_fedsam.md §20.1)"))
     anchor: str = param("Δ_k = w_k − w^t (round) | w_k − w^0 every round (initial)", rule(choice, ANCHORS))
     entries: str = param("norms and extrapolation over parameters | every state-dict entry (all)",
                          rule(choice, ENTRIES))

@@ -2,7 +2,7 @@
 Self-Regularization", CIKM 2022 (arXiv 2208.12807). Official code: https://github.com/Sprinter1999/FedLSR
 at commit 7e3b875 (``FedLSR.ipynb``, ``Client.train``); the authors' adaptation in FNBench
 (https://github.com/Sprinter1999/FNBench at 9cec427, ``fl_components/update.py::LocalUpdateFedLSR``).
-Facts, hyperparameters and divergences: methods.md §22.1.
+Facts, hyperparameters and divergences: docs/methods/fedlsr_fedrn_fedelc.md §22.1.
 
 Sources checked: both codes were read in those commits, and the authors' CIKM slides (in the
 repository, ``paper/``), whose equations are images cut from the paper: p. 8 (mixed prediction
@@ -11,7 +11,7 @@ classification loss"; Figure 4's caption compares CE(p_s, y) with CE(p1, y), CE(
 cross-entropy of probability vectors), p. 9 (q_{1,i}, q_{2,i} = exp(o_i/T_d) / Σ_j exp(o_j/T_d);
 Loss_reg = JS(q1, q2) = ½(KL(q1 ‖ U) + KL(q2 ‖ U)), U the two views' mean, which the author's reply in
 issue #3 identifies with the code's JS function) and p. 10 (Loss = Loss_cls + γ·Loss_reg + λ_e·L_e).
-The paper's text itself could not be read (methods.md §22 lists the addresses). The author's own
+The paper's text itself could not be read (docs/methods/fedlsr_fedrn_fedelc.md §22 lists the addresses). The author's own
 statements (https://github.com/Sprinter1999/FedLSR/issues/1 and /issues/2, and the README from
 2022-10 to 2024-03): the entropy term L_e is discussed in the paper's discussion section (FedLSR+);
 1/T_d = 3 is an empirical value the paper does not state.
@@ -31,14 +31,14 @@ an entropy term weighted by γ_e (λ_e on the slides; ``gamma_e=0`` drops it, Fe
 γ_t = γ·t/t_w for rounds t < t_w = ``warmup_ratio``·T (T the run's rounds), then γ (the code's
 warm-up, counted in global rounds from the start of the run).
 
-Switches ``${fidelity:<paper>,<reference>}`` (methods.md §22.1): ``cls_form`` (LSR1) and
+Switches ``${fidelity:<paper>,<reference>}`` (docs/methods/fedlsr_fedrn_fedelc.md §22.1): ``cls_form`` (LSR1) and
 ``js_reduction`` (LSR3) follow the slides under ``fidelity=paper`` and the official notebook under
 ``fidelity=reference``; ``entropy_form``, ``view_per_sample`` and ``view_space`` (LSR2, LSR4, LSR5) are
 the code's in both (the slides do not show them; the inferred forms are settable).
 
-Values and sources of each key: docs/methods.md §23.29; what each key is: ``FedLSRParams``.
+Values and sources of each key: docs/methods/fedlsr_fedrn_fedelc.md §23.29; what each key is: ``FedLSRParams``.
 
-Implementation notes and deviations (methods.md §22.1)
+Implementation notes and deviations (docs/methods/fedlsr_fedrn_fedelc.md §22.1)
 - Local training is the suite's (``fl`` group: SGD, epochs, batch, lr, momentum, weight decay; a fresh
   optimiser per round); the paper's lr 0.15, momentum 0.9, weight decay 1e-4, batch 64 (slides) and
   FNBench's lr 0.01 / weight decay 5e-4 are not pinned. Mixed precision (``autocast``) is not used.
@@ -71,7 +71,7 @@ JS_REDUCTIONS = ("batchmean", "mean")
 
 # ----------------------------------------------------------------------------------- the loss
 def sharpened_mixture(logits1, logits2, omega: float, T: float) -> torch.Tensor:
-    """p_s = Sharpen(ω·softmax(f(x)) + (1 − ω)·softmax(f(x̃)), T) (methods.md §22.1)."""
+    """p_s = Sharpen(ω·softmax(f(x)) + (1 − ω)·softmax(f(x̃)), T) (docs/methods/fedlsr_fedrn_fedelc.md §22.1)."""
     p = omega * logits1.softmax(1) + (1.0 - omega) * logits2.softmax(1)
     pt = p.pow(1.0 / T)
     return pt / pt.sum(1, keepdim=True)
@@ -120,7 +120,7 @@ def warmup_weight(t: int, gamma: float, t_w: float) -> float:
 
 def lsr_loss(logits1, logits2, labels, omega: float, gamma_t: float, gamma_e: float, *, T: float,
              inv_T_d: float, cls_form: str, entropy_form: str, js_reduction: str) -> torch.Tensor:
-    """L = L_cls(p_s, y) + γ_t·JS(q(x), q(x̃)) + γ_e·L_e (slides p. 10; methods.md §22.1)."""
+    """L = L_cls(p_s, y) + γ_t·JS(q(x), q(x̃)) + γ_e·L_e (slides p. 10; docs/methods/fedlsr_fedrn_fedelc.md §22.1)."""
     q1, q2 = tempered(logits1, inv_T_d), tempered(logits2, inv_T_d)
     loss = cls_loss(sharpened_mixture(logits1, logits2, omega, T), labels, cls_form)
     return loss + gamma_t * js_divergence(q1, q2, js_reduction) + gamma_e * entropy_term(q1, q2, entropy_form)
@@ -129,19 +129,19 @@ def lsr_loss(logits1, logits2, labels, omega: float, gamma_t: float, gamma_e: fl
 # ----------------------------------------------------------------------------------- the method
 @dataclass(frozen=True)
 class FedLSRParams(Params):
-    """FedLSR's own numbers (conf/method/fedlsr.yaml names each value's source; docs/methods.md §22.1, LSR-numbers)."""
+    """FedLSR's own numbers (conf/method/fedlsr.yaml names each value's source; docs/methods/fedlsr_fedrn_fedelc.md §22.1, LSR-numbers)."""
 
     gamma: float = param("γ: weight of the JS self-distillation", rule(nonnegative, "a loss weight >= 0"),
                          search=linear(0.0, 1.0, "our choice: around the code's γ = 0.4 (the paper's method section "
-                                                 "was not readable, methods.md §22.1)"))
+                                                 "was not readable, docs/methods/fedlsr_fedrn_fedelc.md §22.1)"))
     gamma_e: float = param("γ_e: weight of L_e (> 0: FedLSR+, 0: the paper's FedLSR)",
                            rule(nonnegative, "a loss weight >= 0"),
                            search=linear(0.0, 1.2, "our choice: 0 (FedLSR) to twice the code's 0.6 (FedLSR+), "
-                                                   "methods.md §22.1"))
+                                                   "docs/methods/fedlsr_fedrn_fedelc.md §22.1"))
     inv_T_d: float = param("1/T_d: the logits are multiplied by it before the softmax",
                            rule(positive, "an inverse temperature 1/T_d > 0"),
                            search=log_range(1.0, 9.0, "our choice: ×/÷ 3 around the code's 1/T_d = 3 (an empirical "
-                                                      "value, methods.md §22.1)"))
+                                                      "value, docs/methods/fedlsr_fedrn_fedelc.md §22.1)"))
     sharpen_T: float = param("T of the sharpening p^(1/T)", rule(positive, "a sharpening temperature > 0"))
     warmup_ratio: float = param("t_w = warmup_ratio·rounds: γ ramps up linearly before",
                                 rule(unit, "a share of the rounds in [0, 1]"))

@@ -1,9 +1,9 @@
 """FedNoRo — Wu, Yu, Jiang, Cheng, Yan, "FedNoRo: Towards Noise-Robust Federated Learning by Addressing
 Class Imbalance and Label Noise Heterogeneity", IJCAI 2023 (arXiv 2305.05230). Official code:
 https://github.com/wnn2000/FedNoRo at commit 6719ad7 (``train_FedNoRo.py``, ``utils/{FedAvg,losses,
-local_training,options,utils}.py``). Facts, hyperparameters and code quirks: methods.md §18.
+local_training,options,utils}.py``). Facts, hyperparameters and code quirks: docs/methods/fednoro.md §18.
 
-Sources: every statement below about "the code" was read in that commit (file:line in methods.md
+Sources: every statement below about "the code" was read in that commit (file:line in docs/methods/fednoro.md
 §18.5). Of the paper only the abstract and introduction were available as text (no method section,
 equations or experimental details), so no paper passage settles any detail below: **every default is
 the code's**, and comments cite the paper by stage, not by equation number.
@@ -12,7 +12,7 @@ Two stages within ``fl.rounds`` (the code's ``--rounds`` also counts the warm-up
 m = max(⌊frac·N⌋, 1) clients per round, uniformly without replacement, in both (the code: every client,
 the per-dataset ``frac`` below).
 
-1. **Warm-up** (``warmup_rounds`` = T₁ rounds; methods.md §18.1): FedAvg (n_k-weighted) in which every
+1. **Warm-up** (``warmup_rounds`` = T₁ rounds; docs/methods/fednoro.md §18.1): FedAvg (n_k-weighted) in which every
    client trains with the logit-adjusted loss (Menon et al., ICLR 2021)
 
        L_LA(x, y) = −log softmax(f(x) + τ·log π_k)_y,
@@ -21,7 +21,7 @@ the per-dataset ``frac`` below).
    default; a class the client lacks gets log 0 = −∞: probability 0 in local training, no gradient on
    its logit, as the code; evaluation uses the raw logits).
 2. **Noisy-client detection**, once, with the global model of the last warm-up round (paper stage 1;
-   methods.md §18.2): every client's per-class mean loss l_k^c = mean over its samples observed as class
+   docs/methods/fednoro.md §18.2): every client's per-class mean loss l_k^c = mean over its samples observed as class
    c of CE(f(x; w_g), c) forms a vector l_k ∈ R^C, computed on augmented views in eval mode
    (``detect_augment``: the code's pass reads the training transform). A class a client lacks takes the
    smallest value of that class over the other clients (the code's ``nanmin``); each class column is
@@ -30,7 +30,7 @@ the per-dataset ``frac`` below).
    each, the clients of the component with the larger sum of means are noisy (``argmax(means_.sum(1))``),
    and the noisy set found most often wins (ties: the first). Decisions go to
    ``ctx.report_clients(is_noisy=...)`` for every client.
-3. **Noise-robust training** (the remaining ``fl.rounds − T₁`` rounds, paper stage 2; methods.md
+3. **Noise-robust training** (the remaining ``fl.rounds − T₁`` rounds, paper stage 2; docs/methods/fednoro.md
    §18.3): clean clients keep L_LA; noisy clients minimise (1 − λ)·L_LA + λ·L_KD with
    L_KD = KL(softmax(f(x; w_g)/T) ‖ p_student), the global model received this round as the teacher
    (eval mode, same augmented batch; the student trains in train mode) and, as the code's ``LA_KD``,
@@ -39,7 +39,7 @@ the per-dataset ``frac`` below).
    s = clip((t − t₀)/R, 0, 1), t the 0-based round of the run, a = ``lambda_`` = 0.8,
    t₀ = ``rampup_begin`` (the code's ``--begin``, independent of T₁) and R = ``rampup_rounds``
    (``--end − --begin`` = 39); ``lambda_rampup: false`` keeps λ = a. The server aggregates with
-   **DaAgg** (methods.md §18.4): D_k = 0 for a clean client, D_k = min_{j clean} d(w_k, w_j) for a
+   **DaAgg** (docs/methods/fednoro.md §18.4): D_k = 0 for a clean client, D_k = min_{j clean} d(w_k, w_j) for a
    noisy one, d = Σ over the floating state-dict entries of ‖w_k[e] − w_j[e]‖₂ (``distance:
    sum_of_norms``, the code's ``model_dist``), D̂_k = D_k / max_j D_j, and
    w_g = Σ_k n_k·e^{−D̂_k}·w_k / Σ_k n_k·e^{−D̂_k} over every state-dict entry (BatchNorm statistics
@@ -55,9 +55,9 @@ FedDiv's baselines were run), and the code's values on the code's own datasets (
 ``fl.rounds`` × ⌊frac·N⌋ is the suite's FedAvg-equivalent participation budget, which full
 participation would multiply by N/m (10× on CIFAR-10); ``fl.frac=1`` gives it at that cost.
 
-Alternatives to the code's forms (settable alone, same in both fidelities; methods.md §18.6):
+Alternatives to the code's forms (settable alone, same in both fidelities; docs/methods/fednoro.md §18.6):
 
-Values and sources of each key: docs/methods.md §23.18; what each key is: ``FedNoRoParams``.
+Values and sources of each key: docs/methods/fednoro.md §23.18; what each key is: ``FedNoRoParams``.
 
 Plain switches and ablations
 - ``kd_temperature`` T = 0.8 (hard-coded in the code's ``train_FedNoRo``) divides the teacher's logits
@@ -65,7 +65,7 @@ Plain switches and ablations
 - ``logit_adjust`` (false: plain CE wherever L_LA appears), ``kd`` (false: noisy clients train like
   clean ones), ``daagg`` (false: n_k-weighted FedAvg in stage 2): one flag per component, for ablations.
 
-Implementation notes and deviations (methods.md §18.7)
+Implementation notes and deviations (docs/methods/fednoro.md §18.7)
 - The augmentation of the detection pass is the dataset's (random crop + flip where it defines one),
   not the code's ICH / ISIC transform (random affine ±10°, 2% translation, horizontal flip).
 - DaAgg under partial participation: distances are taken to the clean clients *of this round*; a
@@ -105,9 +105,9 @@ KD_STUDENTS = ("plain", "adjusted")
 
 # ----------------------------------------------------------------------------------- losses
 def kd_loss(logits, teacher_logits, temperature: float, adj=None):
-    """L_KD = KL(softmax(teacher/T) ‖ p_student), batch mean (FedNoRo stage 2, methods.md §18.3). With
+    """L_KD = KL(softmax(teacher/T) ‖ p_student), batch mean (FedNoRo stage 2, docs/methods/fednoro.md §18.3). With
     ``adj`` the student is the logit-adjusted log-softmax with −∞ entries replaced by 0 (the code's
-    ``LA_KD``, methods.md §18.6 (3)): a class the client lacks then adds a constant, no gradient."""
+    ``LA_KD``, docs/methods/fednoro.md §18.6 (3)): a class the client lacks then adds a constant, no gradient."""
     target = F.softmax(teacher_logits / temperature, dim=1)
     if adj is None:
         log_student = F.log_softmax(logits, dim=1)
@@ -118,7 +118,7 @@ def kd_loss(logits, teacher_logits, temperature: float, adj=None):
 
 
 def distillation_loss(logits, teacher_logits, labels, adj, lam: float, temperature: float, adjusted_student: bool):
-    """A noisy client's stage-2 loss (1 − λ)·L_LA + λ·L_KD (FedNoRo stage 2, methods.md §18.3): with
+    """A noisy client's stage-2 loss (1 − λ)·L_LA + λ·L_KD (FedNoRo stage 2, docs/methods/fednoro.md §18.3): with
     ``adjusted_student`` the code's ``LA_KD``, whose NLL term on the adjusted log-softmax is L_LA for a
     label the client holds."""
     kd = kd_loss(logits, teacher_logits, temperature, adj if adjusted_student else None)
@@ -127,7 +127,7 @@ def distillation_loss(logits, teacher_logits, labels, adj, lam: float, temperatu
 
 def rampup_weight(rnd: int, begin: int, length: int, a: float) -> float:
     """λ(t) = a·exp(−5(1 − s)²), s = clip((t − begin)/length, 0, 1) (the code's ``sigmoid_rampup``,
-    methods.md §18.3; ``length`` 0 = λ = a from the start)."""
+    docs/methods/fednoro.md §18.3; ``length`` 0 = λ = a from the start)."""
     if length <= 0:
         return float(a)
     s = min(max((rnd - begin) / length, 0.0), 1.0)
@@ -137,17 +137,17 @@ def rampup_weight(rnd: int, begin: int, length: int, a: float) -> float:
 # ----------------------------------------------------------------------------------- the method
 @dataclass(frozen=True)
 class FedNoRoParams(DetectionParams):
-    """FedNoRo's own numbers (conf/method/fednoro.yaml names each value's source; docs/methods.md §18)."""
+    """FedNoRo's own numbers (conf/method/fednoro.yaml names each value's source; docs/methods/fednoro.md §18)."""
 
     lambda_: float = param("a: the KD weight λ after the ramp",
                            rule(number, lambda v: 0 <= v <= 1, "a loss weight λ in [0, 1]"), convert=float,
                            search=linear(0.1, 1.0, "our choice: around the code's a = 0.8, within the weight's [0, 1] "
-                                                   "(the paper's method section was not available, methods.md §18)"))
+                                                   "(the paper's method section was not available, docs/methods/fednoro.md §18)"))
     lambda_rampup: bool = param("λ rises as a·exp(−5(1 − s)²) (false: λ = a from the start)", rule(flag))
     rampup_begin: int = param("t0 of the λ ramp, an absolute round", rule(integer, 0))
     rampup_rounds: int = param("R: rounds of the λ ramp", rule(integer, 0))
     kd_temperature: float = param("T dividing the teacher's logits", rule(positive, "a temperature > 0"), convert=float,
-                                  search=around(4, "our choice: ×/÷ 4 around the code's T = 0.8 (methods.md §18)"))
+                                  search=around(4, "our choice: ×/÷ 4 around the code's T = 0.8 (docs/methods/fednoro.md §18)"))
     logit_adjust: bool = param("ablation: L_LA (false: plain CE everywhere)", rule(flag))
     kd: bool = param("ablation: KD for noisy clients (false: L_LA as the clean ones)", rule(flag))
     kd_student: str = param("the KD student: logit-adjusted log-softmax (adjusted, code) | plain",
@@ -156,7 +156,7 @@ class FedNoRoParams(DetectionParams):
 
 def kd_weight(p: FedNoRoParams, rnd: int) -> float:
     """λ of round ``rnd``: the ramp starts at ``p.rampup_begin`` (the code's ``--begin``), counted from
-    the start of the run like the code's rounds, whatever the warm-up length (methods.md §18.3)."""
+    the start of the run like the code's rounds, whatever the warm-up length (docs/methods/fednoro.md §18.3)."""
     return rampup_weight(rnd, p.rampup_begin, p.rampup_rounds if p.lambda_rampup else 0, p.lambda_)
 
 

@@ -1,11 +1,11 @@
 """FedProx — Li et al., "Federated Optimization in Heterogeneous Networks", MLSys 2020
-(https://github.com/litian96/FedProx); configured as in FedCorr (methods.md §5, μ = 1).
+(https://github.com/litian96/FedProx); configured as in FedCorr (docs/methods/fedprox.md §5, μ = 1).
 
 Implementation notes
 - Local loss = CE + μ·prox(w, w_g) with w_g the global weights received this round. The paper's
   term is μ/2·‖w − w_g‖² (Eq. 2; ``prox_form: half_squared``).
 - Fidelity switch ``prox_form`` / ``prox_skip_first``: FedCorr's code most likely ran FedProx through
-  its own local update with β = 1 (methods.md Q24, inferred), i.e. μ·‖w − w_g‖ (not squared, no ½)
+  its own local update with β = 1 (docs/methods/fedcorr.md Q24, inferred), i.e. μ·‖w − w_g‖ (not squared, no ½)
   skipped on the first batch of every epoch. ``fidelity=reference`` selects that behaviour.
 - What the reference reading does: the gradient of μ·‖w − w_g‖ is μ·(w − w_g)/‖w − w_g‖,
   a pull of constant length μ = 1 however close w is to w_g (the first-batch skip exists because it
@@ -38,7 +38,7 @@ from fedlnl.methods.fedavg import FedAvg
 
 @dataclass(frozen=True)
 class FedProxParams(Params):
-    """FedProx's own numbers (conf/method/fedprox.yaml; docs/methods.md §5)."""
+    """FedProx's own numbers (conf/method/fedprox.yaml; docs/methods/fedprox.md §5)."""
 
     mu: float = param("proximal weight μ of Eq. 2 (0 = FedAvg)",
                       rule(number, lambda v: v >= 0, "a proximal weight μ >= 0 (0 = FedAvg)"),

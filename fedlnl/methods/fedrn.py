@@ -2,15 +2,15 @@
 Learning", CIKM 2022 (arXiv 2205.01310). Official code: https://github.com/ElvinKim/FedRN at commit
 0b34b9a (``main_fed_LNL.py``, ``models/update.py::LocalUpdateFedRN``, ``run.sh``); FNBench's adaptation
 (https://github.com/Sprinter1999/FNBench at 9cec427, ``main_fed_LNL.py`` and ``LocalUpdateFedRN``).
-Facts, hyperparameters and divergences: methods.md §22.2.
+Facts, hyperparameters and divergences: docs/methods/fedlsr_fedrn_fedelc.md §22.2.
 
 Sources checked: both codes were read in those commits; of the paper only the abstract and the
-opening of the introduction were reachable as text (methods.md §22 lists the addresses), so no
-equation is cited by number and the "paper" column below is inferred (methods.md §22.2).
+opening of the introduction were reachable as text (docs/methods/fedlsr_fedrn_fedelc.md §22 lists the addresses), so no
+equation is cited by number and the "paper" column below is inferred (docs/methods/fedlsr_fedrn_fedelc.md §22.2).
 
 FedAvg (n_k-weighted) in two phases within the budget ``fl.rounds`` = T:
 1. **Warm-up** (rounds t < ⌊``warmup_ratio``·T⌋; both codes: 20 %; the quickstart's ``digits``: 67 %,
-   methods.md §22.2): plain local training. Every client that trains also uploads its *expertise*
+   docs/methods/fedlsr_fedrn_fedelc.md §22.2): plain local training. Every client that trains also uploads its *expertise*
    e_k (accuracy of its new local model on its own observed labels) and its *signature*
    s_k = f_k(z) (the local model's logits on one fixed Gaussian input z drawn once per run), C + 1
    floats counted in ``bytes_up``. The server keeps each client's latest model, e_k and s_k
@@ -48,9 +48,9 @@ RN2 follows ``fidelity``):
   the sampled cohort in ascending id (the code: ``np.random.choice``'s draw order), so a config and
   seed still give one result.
 
-Values and sources of each key: docs/methods.md §23.30; what each key is: ``FedRNParams``.
+Values and sources of each key: docs/methods/fedlsr_fedrn_fedelc.md §23.30; what each key is: ``FedRNParams``.
 
-Implementation notes and deviations (methods.md §22.2)
+Implementation notes and deviations (docs/methods/fedlsr_fedrn_fedelc.md §22.2)
 - Candidates are the clients with a cached model. The official code also ranks clients that never
   trained, with expertise 0.5, a U(0, 1) signature and a freshly initialised network; a client
   without a cached model of its own uses the received global model as "its previous model" and
@@ -121,19 +121,19 @@ def ensemble_clean(probs: list[torch.Tensor], weights: list[float], threshold: f
 # ----------------------------------------------------------------------------------- the method
 @dataclass(frozen=True)
 class FedRNParams(Params):
-    """FedRN's own numbers (conf/method/fedrn.yaml names each value's source; docs/methods.md §22.2, RN-numbers)."""
+    """FedRN's own numbers (conf/method/fedrn.yaml names each value's source; docs/methods/fedlsr_fedrn_fedelc.md §22.2, RN-numbers)."""
 
     warmup_ratio: float = param("FedAvg warm-up share of the rounds", rule(unit, "a share of the rounds in [0, 1]"))
     num_neighbors: int = param("K: the most reliable neighbours whose cached models join the GMM ensemble",
                                rule(integer, 0),
                                search=ints(1, 4, "our choice: FNBench's K = 1 to twice the official K = 2 "
-                                                 "(methods.md §22.2)"))
+                                                 "(docs/methods/fedlsr_fedrn_fedelc.md §22.2)"))
     w_alpha: float = param("α: weight of expertise vs similarity in the reliability", rule(unit, "a weight α in [0, 1]"),
                            search=linear(0.0, 1.0, "our choice: the whole weight range (official argparse 0.5, "
-                                                   "run.sh 0.6; methods.md §22.2)"))
+                                                   "run.sh 0.6; docs/methods/fedlsr_fedrn_fedelc.md §22.2)"))
     p_threshold: float = param("clean iff probability > p_threshold",
                                rule(number, lambda v: 0 < v < 1, "a probability in (0, 1)"),
-                               search=linear(0.3, 0.7, "our choice: around both codes' 0.5 (methods.md §22.2)"))
+                               search=linear(0.3, 0.7, "our choice: around both codes' 0.5 (docs/methods/fedlsr_fedrn_fedelc.md §22.2)"))
     gmm_max_iter: int = param("GMM: EM steps at most", rule(integer, 1))
     gmm_tol: float = param("GMM: convergence tolerance", rule(positive))
     gmm_reg_covar: float = param("GMM: variance floor", rule(positive))

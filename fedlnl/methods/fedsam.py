@@ -5,7 +5,7 @@ official code debcaldarola/fedsam at 64bbf93, ``models/clients/sam_client.py``, 
 Both define the same client: SAM (Foret et al., ICLR 2021) in place of SGD; the server averages as
 FedAvg. FNBench declares ``--fedsam_rho 0.05`` but has no FedSAM client (its SAM optimiser is
 commented out in ``main_fed_LNL.py`` and ``fedsam`` is no ``--method`` choice), so there is no
-reference code to follow beyond Caldarola et al.'s (methods.md §20.2).
+reference code to follow beyond Caldarola et al.'s (docs/methods/fedexp_fedsam.md §20.2).
 
 Client step on each batch (Foret et al. Eq. 2-3):
     ε̂ = ρ ∇L(w) / ‖∇L(w)‖₂,   w ← w − η (∇L(w + ε̂) + weight decay and momentum at w)
@@ -40,7 +40,7 @@ class FedSAMParams(Params):
     rho: float = param("SAM radius ρ of the ascent step (0 = FedAvg)",
                        rule(number, lambda v: v >= 0, "a SAM radius ρ >= 0 (0 = FedAvg)"),
                        search=log_range(0.01, 0.5, "our choice: a log range over the FedSAM codes' values (0.05 "
-                                                   "FNBench, 0.1 the CIFAR-10 script; methods.md §20.2)"))
+                                                   "FNBench, 0.1 the CIFAR-10 script; docs/methods/fedexp_fedsam.md §20.2)"))
 
 
 class FedSAM(FedAvg):

@@ -1,6 +1,6 @@
 """JointOpt as local training — Tanaka et al., "Joint Optimization Framework for Learning with Noisy
 Labels", CVPR 2018 (official code, Chainer: https://github.com/DaikiTanaka-UT/JointOptimization),
-run on each selected client as FedCorr (Xu et al., CVPR 2022) configured it (methods.md §11).
+run on each selected client as FedCorr (Xu et al., CVPR 2022) configured it (docs/methods/jointopt.md §11).
 
 Schedule (FedCorr, CIFAR): ``warmup_rounds`` = 20 FedAvg rounds (``fl.local_epochs`` = 5, FedAvg's
 optimiser; identical draws to ``method=fedavg``, so the two curves coincide during warm-up), then
@@ -17,7 +17,7 @@ stored (augmented, train mode, as the reference code); once a client has run ``b
 epochs its soft labels become, after each epoch, the mean of its last ``window`` = 10 epochs of
 predictions (the reference's label update), and the next epoch trains on them.
 
-Implementation notes and decisions where methods.md §11 says "unspecified"
+Implementation notes and decisions where docs/methods/jointopt.md §11 says "unspecified"
 - Client memory: each client's soft labels, prediction ring buffer and epoch count persist across
   rounds in ``state["clients"][k]`` (created at its first JointOpt round from its observed labels).
   Label updating starts after the client's ``begin`` = 10 JointOpt epochs (the first moment its
@@ -50,7 +50,7 @@ from fedlnl.methods.fedavg import FedAvg
 
 @dataclass(frozen=True)
 class JointOptParams(semisup.TwoStageParams):
-    """JointOpt as local training (conf/method/jointopt.yaml; docs/methods.md §11): its schedule and JointOpt's numbers."""
+    """JointOpt as local training (conf/method/jointopt.yaml; docs/methods/jointopt.md §11): its schedule and JointOpt's numbers."""
 
     alpha: float = param("α_Jo: weight of L_p (KL from the uniform prior to the batch-mean prediction)",
                          rule(nonnegative),

@@ -1,7 +1,7 @@
 """JointOpt, centralized reference — Tanaka et al., "Joint Optimization Framework for Learning with
 Noisy Labels", CVPR 2018 (official code, Chainer: https://github.com/DaikiTanaka-UT/JointOptimization),
 trained on the pooled noisy training set of the federation (FedCorr's "JointOpt (CL)" rows,
-methods.md §11 and Table 8).
+docs/methods/jointopt.md §11 and Table 8).
 
 The runner gives this method one view over every training sample with the observed noisy labels
 (``sample_clients`` returns ``[ALL_CLIENTS]``), the same labels the federated runs of the same seed
@@ -41,7 +41,7 @@ from fedlnl.methods.common.protocol import ALL_CLIENTS, ClientUpdate, UpdatePlan
 
 @dataclass(frozen=True)
 class JointOptCentralParams(Params):
-    """The centralized JointOpt's two steps (conf/method/jointopt_central.yaml; docs/methods.md §11)."""
+    """The centralized JointOpt's two steps (conf/method/jointopt_central.yaml; docs/methods/jointopt.md §11)."""
 
     epochs: int = param("first step: epochs of L_c + α L_p + β L_e", rule(integer, 1))
     epochs_per_round: int = param("epochs one runner round trains", rule(integer, 1))

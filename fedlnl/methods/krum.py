@@ -1,7 +1,7 @@
 """Krum / Multi-Krum — Blanchard, El Mhamdi, Guerraoui, Stainer, "Machine Learning with Adversaries:
 Byzantine Tolerant Gradient Descent", NeurIPS 2017. No official repository; FNBench's adaptation
 (Sprinter1999/FNBench at 9cec427, ``fl_components/fed.py::Krum``, ``pairwise_distance``) is the
-reference (methods.md §19.1).
+reference (docs/methods/robust_aggregation.md §19.1).
 
 Algorithm (the paper's rule, applied to the m client models of a round instead of gradients:
 distances, and hence the choice, are the same for w_k and for the updates w_k − w_g)
@@ -13,7 +13,7 @@ Implementation notes
 - V_i = every floating-point state-dict entry (parameters and BatchNorm statistics), flattened;
   pairwise distances in bounded memory (``common/robust.py``). The chosen model's integer counters
   come with it for Krum; Multi-Krum averages them as FedAvg does.
-- f, the number of Byzantine clients the rule assumes (methods.md §19.5): ``f`` if given, else
+- f, the number of Byzantine clients the rule assumes (docs/methods/robust_aggregation.md §19.5): ``f`` if given, else
   ⌊``byzantine_share`` · n⌋ for the n clients of the round, where ``byzantine_share: noise`` is the
   federation's configured noisy-client share (ρ of the noise config; a mixed config's noisy groups;
   1 for real label noise), never a count made on labels. A derived f above the paper's bound
@@ -25,7 +25,7 @@ Implementation notes
 
 Fidelity switches (paper = Blanchard et al.; reference = FNBench's code)
 
-Values and sources of each key: docs/methods.md §23.19; what each key is: ``KrumParams``.
+Values and sources of each key: docs/methods/robust_aggregation.md §23.19; what each key is: ``KrumParams``.
 """
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ NEIGHBOURS = ("nearest", "all")
 
 @dataclass(frozen=True)
 class KrumParams(robust.ByzantineParams):
-    """Krum's own numbers (conf/method/krum.yaml; docs/methods.md §19.1, §19.5)."""
+    """Krum's own numbers (conf/method/krum.yaml; docs/methods/robust_aggregation.md §19.1, §19.5)."""
 
     multi_m: int = param("Multi-Krum's m: the average of the m best-scored models; 1 = Krum", rule(integer, 1))
     neighbours: str = param("score = squared distances to the n − f − 2 nearest (paper) | to all others (FNBench)",

@@ -2,7 +2,7 @@
 Label Noise for Deep Neural Networks", AAAI 2017, in the form the APL paper uses it (Ma et al., ICML
 2020; official code https://github.com/HanxunH/Active-Passive-Losses at 04bce53, ``loss.py``
 ``MeanAbsoluteError``), which FedNoisy ships for its FedAvg clients (https://github.com/SMILELab-FL/FedNoisy
-at 2b7ca7a). Facts: methods.md §21.11.
+at 2b7ca7a). Facts: docs/methods/local_lnl.md §21.11.
 
 Loss: ℓ_MAE = ‖e_y − p‖₁ of the softmax p against the one-hot label: Σ_{k≠y} p_k + (1 − p_y) =
 2(1 − p_y). Both codes train with the "reduced MAE" 1 − p_y (half of it; the code's comment gives
@@ -10,10 +10,10 @@ the full form): ``scale`` c in c·(1 − p_y) is that switch (L19). ∂/∂z = c
 model gives a small p_y barely moves it, so MAE learns slowly (its known underfitting). Batch mean.
 
 Federated adaptation: plain FedAvg whose clients train with ℓ_MAE instead of CE, as SCE
-(methods.md §21.7); no state anywhere.
+(docs/methods/local_lnl.md §21.7); no state anywhere.
 
 Fidelity switches (``${fidelity:<paper>,<APL / FedNoisy code>}``)
-Values and sources of each key: docs/methods.md §23.33; what each key is: ``MAEParams``.
+Values and sources of each key: docs/methods/local_lnl.md §23.33; what each key is: ``MAEParams``.
 """
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ def mae_loss(logits: torch.Tensor, labels: torch.Tensor, scale: float) -> torch.
 
 @dataclass(frozen=True)
 class MAEParams(Params):
-    """MAE's own number (conf/method/mae.yaml; docs/methods.md §21.11)."""
+    """MAE's own number (conf/method/mae.yaml; docs/methods/local_lnl.md §21.11)."""
 
     scale: float = param("L19: c in ℓ = c·(1 − p_y); 2 = ‖e_y − p‖₁, 1 = the codes' reduced MAE",
                          rule(positive, "a number > 0"))

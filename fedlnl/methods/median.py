@@ -2,7 +2,7 @@
 Towards Optimal Statistical Rates", ICML 2018), as in the ARFL repository's ``simple_median``
 (https://github.com/fushuhao6/Attack-Resistant-Federated-Learning, ``FedAvg/averaging.py``) that
 FedCorr's comparison points to; configured as in FedCorr (Xu et al., CVPR 2022): lr 0.01, everything
-else as FedAvg (methods.md §8).
+else as FedAvg (docs/methods/median.md §8).
 
 Implementation notes
 - Client: FedAvg's local update (``fl.local_epochs`` epochs of SGD, momentum ``fl.momentum``, a fresh

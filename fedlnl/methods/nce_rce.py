@@ -2,18 +2,18 @@
 Functions for Deep Learning with Noisy Labels", ICML 2020 (official code:
 https://github.com/HanxunH/Active-Passive-Losses at 04bce53, ``loss.py`` ``NCEandRCE``), as local
 training. FedNoisy (https://github.com/SMILELab-FL/FedNoisy at 2b7ca7a) carries the class but its
-``--criterion`` offers NCE and RCE only apart. Facts: methods.md §21.12.
+``--criterion`` offers NCE and RCE only apart. Facts: docs/methods/local_lnl.md §21.12.
 
 Loss: ℓ_APL = α·ℓ_NCE + β·ℓ_RCE. The active term, the normalised cross-entropy
 ℓ_NCE = (−log p_y) / (−Σ_k log p_k) ∈ [0, 1]; the passive term, SCE's reverse cross-entropy
 ℓ_RCE = −Σ_k p_k log q_k against the one-hot label with log 0 := A, i.e. −A·(1 − p_y)
-(``sce.rce_loss``, methods.md §21.3). Batch means of both terms.
+(``sce.rce_loss``, docs/methods/local_lnl.md §21.3). Batch means of both terms.
 
 Federated adaptation: plain FedAvg whose clients train with ℓ_APL instead of CE, as SCE
-(methods.md §21.7); no state anywhere.
+(docs/methods/local_lnl.md §21.7); no state anywhere.
 
 Fidelity switches (``${fidelity:<paper>,<APL code>}``)
-Values and sources of each key: docs/methods.md §23.34; what each key is: ``NCERCEParams``.
+Values and sources of each key: docs/methods/local_lnl.md §23.34; what each key is: ``NCERCEParams``.
 """
 from __future__ import annotations
 
@@ -44,14 +44,14 @@ def nce_rce_loss(logits: torch.Tensor, labels: torch.Tensor, alpha: float, beta:
 
 @dataclass(frozen=True)
 class NCERCEParams(Params):
-    """NCE+RCE's own numbers (conf/method/nce_rce.yaml; docs/methods.md §21.12, L-numbers there)."""
+    """NCE+RCE's own numbers (conf/method/nce_rce.yaml; docs/methods/local_lnl.md §21.12, L-numbers there)."""
 
     alpha: float = param("α: weight of the active term ℓ_NCE", rule(nonnegative, "a weight >= 0"),
                          search=among((1.0, 10.0, 50.0), "the APL configs' α: 1 (MNIST, CIFAR-10), 10 (CIFAR-100), "
-                                                         "50 (WebVision-mini) (methods.md §21.12)"))
+                                                         "50 (WebVision-mini) (docs/methods/local_lnl.md §21.12)"))
     beta: float = param("β: weight of the passive term ℓ_RCE", rule(nonnegative, "a weight >= 0"),
                         search=among((0.1, 1.0, 10.0), "the APL configs' β: 10 (MNIST), 1 (CIFAR-10), 0.1 (CIFAR-100, "
-                                                       "WebVision-mini) (methods.md §21.12)"))
+                                                       "WebVision-mini) (docs/methods/local_lnl.md §21.12)"))
     A: float = param("L17: log 0 := A in the reverse cross-entropy", rule(number, lambda v: v < 0, "a number < 0 (log 0 := A)"))
     p_min: float = param("L18: p clamped to [p_min, 1] inside ℓ_RCE (0: unclamped)",
                          rule(number, lambda v: 0 <= v < 1, "a probability floor in [0, 1)"))

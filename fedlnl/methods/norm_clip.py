@@ -2,7 +2,7 @@
 Backdoor Federated Learning?", arXiv 1911.07963, 2019: "norm thresholding of updates"). No
 official repository. FNBench's ``clipping`` (Sprinter1999/FNBench at 9cec427,
 ``fl_components/update.py::LocalUpdateClipping``) is a different rule, the reference here
-(methods.md §19.4).
+(docs/methods/robust_aggregation.md §19.4).
 
 Algorithm (paper): the server clips each client update Δ_k = w_k − w_g to norm at most M,
 Δ_k / max(1, ‖Δ_k‖₂ / M), and averages the clipped updates: w_g ← w_g + Σ_k p_k Δ_k / max(1, ‖Δ_k‖/M)
@@ -24,7 +24,7 @@ Implementation notes
 
 Fidelity switches (paper = Sun et al.; reference = FNBench's code)
 
-Values and sources of each key: docs/methods.md §23.22; what each key is: ``NormClipParams``.
+Values and sources of each key: docs/methods/robust_aggregation.md §23.22; what each key is: ``NormClipParams``.
 """
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ MEDIAN = "median"
 
 @dataclass(frozen=True)
 class NormClipParams(Params):
-    """Norm clipping's own numbers (conf/method/norm_clip.yaml; docs/methods.md §19.4)."""
+    """Norm clipping's own numbers (conf/method/norm_clip.yaml; docs/methods/robust_aggregation.md §19.4)."""
 
     clip: str = param("server clips each update to norm M (update) | each local gradient to max_grad_norm",
                       rule(choice, CLIPS))

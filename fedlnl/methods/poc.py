@@ -1,7 +1,7 @@
 """PoC — Power-of-Choice client selection: Cho et al., "Client Selection in Federated Learning:
 Convergence Analysis and Power-of-Choice Selection Strategies", AISTATS 2022 (no repository by the
 authors; the supplementary code mirrored in ``peng-ju/Power-of-Choice``); configured as in FedCorr
-(Xu et al., CVPR 2022): candidate pool d = 30, lr 0.01 (methods.md §10). This is ``pow-d``.
+(Xu et al., CVPR 2022): candidate pool d = 30, lr 0.01 (docs/methods/poc.md §10). This is ``pow-d``.
 
 Implementation notes
 - Selection each round (server side, in ``sample_clients``):
@@ -15,7 +15,7 @@ Implementation notes
   since sampling is already ∝ p_k (paper); ``weighted: true`` uses n_k-weights instead (FedCorr's
   choice is unknown).
 - Communication: only the m trained clients count as participations (FedCorr's cost presumably
-  counts those only, methods.md §10/§14). In a deployment each candidate would also download the
+  counts those only, docs/methods/poc.md §10, docs/methods/setup.md §14). In a deployment each candidate would also download the
   global model and upload one loss scalar; those d evaluations are not training participations and
   are not added to ``comm_cost`` or ``bytes_up``, but their cumulative number is logged as
   ``poc_loss_evals`` so a user can charge them if wanted.

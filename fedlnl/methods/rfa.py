@@ -1,7 +1,7 @@
 """RFA — Pillutla, Kakade, Harchaoui, "Robust Aggregation for Federated Learning", IEEE TSP 2022
 (arXiv 1912.13445); official code krishnap25/RFA at 40945d2 (``models/model.py::
 geometric_median_update``); FNBench's adaptation (Sprinter1999/FNBench at 9cec427,
-``fl_components/fed.py::RFA``) is the reference (methods.md §19.3).
+``fl_components/fed.py::RFA``) is the reference (docs/methods/robust_aggregation.md §19.3).
 
 Algorithm (the paper's smoothed Weiszfeld iterations inside RFA): the global model is the
 approximate geometric median argmin_v Σ_k α_k ‖v − w_k‖ of the client models, α_k = n_k / Σ n,
@@ -19,7 +19,7 @@ Implementation notes
 
 Fidelity switches (paper = Pillutla et al. and their code; reference = FNBench's code)
 
-Values and sources of each key: docs/methods.md §23.21; what each key is: ``RFAParams``.
+Values and sources of each key: docs/methods/robust_aggregation.md §23.21; what each key is: ``RFAParams``.
 """
 from __future__ import annotations
 
@@ -33,13 +33,13 @@ from fedlnl.methods.fedavg import FedAvg
 
 @dataclass(frozen=True)
 class RFAParams(Params):
-    """RFA's own numbers (conf/method/rfa.yaml; docs/methods.md §19.3)."""
+    """RFA's own numbers (conf/method/rfa.yaml; docs/methods/robust_aggregation.md §19.3)."""
 
     nu: float = param("smoothing ν of the Weiszfeld weights", rule(positive, "a smoothing ν > 0"),
-                      search=around(10, "our choice: ×/÷ 10 around the official code's ν = 1e-5 (methods.md §19.3)"))
+                      search=around(10, "our choice: ×/÷ 10 around the official code's ν = 1e-5 (docs/methods/robust_aggregation.md §19.3)"))
     max_iter: int = param("Weiszfeld steps at most", rule(integer, 0),
                           search=ints(1, 10, "our choice: from one Weiszfeld step to FNBench's 10 (official code 2; "
-                                             "methods.md §19.3)"))
+                                             "docs/methods/robust_aggregation.md §19.3)"))
     tol: float = param("stopping tolerance of the rule ``stop``", rule(nonnegative, "a tolerance >= 0"))
     stop: str = param("stop on the relative change of the objective | on the step length", rule(choice, robust.STOPS))
     weighted: bool = param("α_k = n_k / Σ n (false: 1/m)", rule(flag))

@@ -1,7 +1,7 @@
 """RoFL — Yang et al., "Robust Federated Learning with Noisy Labels", IEEE Intelligent Systems 37(2),
 2022. No official code; FedCorr (Xu et al., CVPR 2022, footnote 1) used the unofficial
 https://github.com/jangsoohyuk/Robust-Federated-Learning-with-Noisy-Labels, whose behaviour this
-follows (methods.md §6), with T_pl = 100 / 400 / 10 on CIFAR-10 / CIFAR-100 / Clothing1M (FedCorr).
+follows (docs/methods/rofl.md §6), with T_pl = 100 / 400 / 10 on CIFAR-10 / CIFAR-100 / Clothing1M (FedCorr).
 
 Algorithm, per selected client k in (method-local) round t, with f_G the global class centroids:
 1. Global pseudo-labels ŷ_i = argmax f_G(x_i) of the received global model on the local data (eval
@@ -169,12 +169,12 @@ def _flag(doc: str):
 
 @dataclass(frozen=True)
 class RoFLParams(Params):
-    """RoFL's own numbers (conf/method/rofl.yaml; docs/methods.md §6, R-numbers there)."""
+    """RoFL's own numbers (conf/method/rofl.yaml; docs/methods/rofl.md §6, R-numbers there)."""
 
     T_pl: int = param("round from which kept samples that disagree with the centroids train on the global pseudo-label",
                       rule(integer, 1),
                       search=around(2, "our choice: ×/÷ 2 around the round FedCorr scales from the code's T_pl (the "
-                                       "RoFL paper text was not available, methods.md §0)", integer=True))
+                                       "RoFL paper text was not available, docs/methods/index.md §0)", integer=True))
     forget_rate: float | str = rate("share of each batch dropped as large-loss, or noise (the nominal rate, R3)")
     num_gradual: int = param("rounds over which the forget rate rises to its value", rule(integer, 1))
     lambda_cen: float = param("weight of the centroid loss (ramped t/T_pl before T_pl, 0 in the first round)",

@@ -2,9 +2,9 @@
 Learning with Noisy Labels", ICCV 2019 (official code, Keras:
 https://github.com/YisenWang/symmetric_cross_entropy_for_noisy_labels at ec778df), federated as FNBench
 does it (https://github.com/Sprinter1999/FNBench at 9cec427: ``fl_components/update.py``
-``SCELoss`` / ``LocalUpdateSymmetric``). Facts: methods.md §21.
+``SCELoss`` / ``LocalUpdateSymmetric``). Facts: docs/methods/local_lnl.md §21.
 
-Loss (the paper's definition of Symmetric Learning; equation numbers not re-read, methods.md §21): ℓ_SL = α·ℓ_CE + β·ℓ_RCE with the reverse cross-entropy
+Loss (the paper's definition of Symmetric Learning; equation numbers not re-read, docs/methods/local_lnl.md §21): ℓ_SL = α·ℓ_CE + β·ℓ_RCE with the reverse cross-entropy
 ℓ_RCE = −Σ_k p(k|x) log q(k|x) of the prediction p against the one-hot label q, where log 0 := A;
 for a one-hot label this is ℓ_RCE = −A·(1 − p_y) (``sce_loss``). Batch means of both terms.
 
@@ -12,7 +12,7 @@ Federated adaptation (FNBench): plain FedAvg whose clients train with ℓ_SL ins
 settings, fresh optimiser per round, n_k-weighted averaging); no state anywhere.
 
 Fidelity switches (``${fidelity:<paper>,<FNBench code>}``)
-Values and sources of each key: docs/methods.md §23.26; what each key is: ``SCEParams``.
+Values and sources of each key: docs/methods/local_lnl.md §23.26; what each key is: ``SCEParams``.
 """
 from __future__ import annotations
 
@@ -50,14 +50,14 @@ def rce_loss(logits: torch.Tensor, labels: torch.Tensor, A: float, p_min: float 
 
 @dataclass(frozen=True)
 class SCEParams(Params):
-    """SCE's own numbers (conf/method/sce.yaml; docs/methods.md §21, L-numbers there)."""
+    """SCE's own numbers (conf/method/sce.yaml; docs/methods/local_lnl.md §21, L-numbers there)."""
 
     alpha: float = param("α: weight of the cross-entropy term", rule(nonnegative, "a weight >= 0"),
                          search=log_range(0.01, 10.0, "SCE's official run configurations use α = 0.01 (MNIST) to 6.0 "
-                                                      "(CIFAR-100) (methods.md §23.26): a log range over them"))
+                                                      "(CIFAR-100) (docs/methods/local_lnl.md §23.26): a log range over them"))
     beta: float = param("β: weight of the reverse cross-entropy term", rule(nonnegative, "a weight >= 0"),
                         search=log_range(0.1, 2.0, "SCE's official run configurations use β = 0.1 (CIFAR-100) to 1.0 "
-                                                   "(CIFAR-10, MNIST) (methods.md §23.26): a log range over them, "
+                                                   "(CIFAR-10, MNIST) (docs/methods/local_lnl.md §23.26): a log range over them, "
                                                    "doubled above"))
     A: float = param("L6: log 0 := A in the reverse cross-entropy", rule(number, lambda v: v < 0, "a number < 0 (log 0 := A)"))
     p_min: float = param("L7: p clamped to [p_min, 1] inside ℓ_RCE (0: unclamped)",

@@ -2,7 +2,7 @@
 Learning", ICML 2019 (official code, TensorFlow: https://github.com/kaist-dmlab/SELFIE at b99f8cf,
 ``SELFIE/method/self_correcter.py``, ``SELFIE/algorithm/selfie.py``), federated as FNBench does it
 (https://github.com/Sprinter1999/FNBench at 9cec427: ``fl_components/update.py::LocalUpdateSELFIE``,
-``fl_components/correctors.py::SelfieCorrector``). Facts: methods.md §21.
+``fl_components/correctors.py::SelfieCorrector``). Facts: docs/methods/local_lnl.md §21.
 
 Algorithm, per mini-batch (B samples) of a client after the warm-up:
 - a forward pass (train mode, no gradient) gives each sample's cross-entropy and predicted class;
@@ -23,10 +23,10 @@ is uploaded); the server is FedAvg (n_k-weighted). Warm-up and restarts count gl
 (FNBench: warm-up = int(0.2·rounds); the paper's γ = 25 of 100 epochs has no FL reading).
 
 Fidelity switches and options
-Values and sources of each key: docs/methods.md §23.25; what each key is: ``SELFIEParams``.
+Values and sources of each key: docs/methods/local_lnl.md §23.25; what each key is: ``SELFIEParams``.
 
 ``noise_rate: noise`` reads ``FederationInfo.noise_rate`` (the rate the noise config implies; never
-measured on labels; methods.md R3); a number is accepted in either mode. With restarts, every run
+measured on labels; docs/methods/rofl.md R3); a number is accepted in either mode. With restarts, every run
 starts from a fresh initialisation of the global model, the histories are cleared, refurbished
 labels are kept (and used in the next warm-up, as the official code), and a client's τ becomes
 min(τ, 1 − share of its samples refurbished), as the official code's ``compute_new_noise_ratio``
@@ -76,14 +76,14 @@ def selection(losses: torch.Tensor, keep: int, refurbished: torch.Tensor) -> tor
 
 @dataclass(frozen=True)
 class SELFIEParams(Params):
-    """SELFIE's own numbers (conf/method/selfie.yaml; docs/methods.md §21, L-numbers there)."""
+    """SELFIE's own numbers (conf/method/selfie.yaml; docs/methods/local_lnl.md §21, L-numbers there)."""
 
     noise_rate: float | str = rate("τ of the clean (small-loss) share ⌈(1 − τ)·batch⌉, or noise (the nominal rate)")
     q: int = param("history length: the last q predictions per sample", rule(integer, 1))
     epsilon: float = param("uncertainty threshold ε of a refurbishable sample",
                            rule(number, lambda v: 0 <= v <= 1, "a normalised uncertainty in [0, 1]"),
                            search=log_range(0.01, 0.2, "our choice: around the official README's ε = 0.05 (from its "
-                                                       "grid search, whose range is not given; methods.md §21.4)"))
+                                                       "grid search, whose range is not given; docs/methods/local_lnl.md §21.4)"))
     warmup_share: float = param("warm-up rounds = ⌊warmup_share·rounds⌋",
                                 rule(number, lambda v: 0 <= v <= 1, "a share of the rounds in [0, 1]"),
                                 search=linear(0.1, 0.5, "our choice: around FNBench's 0.2 (the paper's 25 of 100 "

@@ -1,14 +1,14 @@
 """Trimmed mean — coordinate-wise β-trimmed mean (Yin, Chen, Ramchandran, Bartlett, "Byzantine-Robust
 Distributed Learning: Towards Optimal Statistical Rates", ICML 2018, Definition 2 / Algorithm 1
 option II). No official repository; FNBench's ``trimmedMean`` (Sprinter1999/FNBench at 9cec427,
-``fl_components/fed.py::trimmed_mean``) is the reference (methods.md §19.2).
+``fl_components/fed.py::trimmed_mean``) is the reference (docs/methods/robust_aggregation.md §19.2).
 
 Algorithm (paper): for every coordinate, sort the m client values, drop the b = βm largest and the
 b smallest, and average the m − 2b left (β < 1/2, β >= the Byzantine share α). Applied to the client
 models of a round (the rule commutes with subtracting w_g).
 
 Implementation notes
-- b = f, the assumed number of Byzantine clients (the paper's β = α; methods.md §19.5): ``f`` if
+- b = f, the assumed number of Byzantine clients (the paper's β = α; docs/methods/robust_aggregation.md §19.5): ``f`` if
   given, else ⌊``byzantine_share`` · m⌋, ``byzantine_share: noise`` = the federation's configured
   noisy-client share. A derived b with nothing left (2b >= m) is lowered to ⌊(m − 1)/2⌋ (the
   coordinate-wise median for odd m) and the b used is logged (``trim_f``); an explicit ``f`` that
@@ -21,7 +21,7 @@ Implementation notes
 
 Fidelity switches (paper = Yin et al.; reference = FNBench's code)
 
-Values and sources of each key: docs/methods.md §23.20; what each key is: ``TrimmedMeanParams``.
+Values and sources of each key: docs/methods/robust_aggregation.md §23.20; what each key is: ``TrimmedMeanParams``.
 """
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ TRIMS = ("coordinate", "client_score")
 
 @dataclass(frozen=True)
 class TrimmedMeanParams(robust.ByzantineParams):
-    """The trimmed mean's own numbers (conf/method/trimmed_mean.yaml; docs/methods.md §19.2, §19.5)."""
+    """The trimmed mean's own numbers (conf/method/trimmed_mean.yaml; docs/methods/robust_aggregation.md §19.2, §19.5)."""
 
     trim: str = param("trim per coordinate (paper) | keep the n − 2f clients scored closest to the median (FNBench)",
                       rule(choice, TRIMS))

@@ -3,7 +3,7 @@
 ``features`` is everything up to the last hidden layer of the classifier (4096 units); ``head`` is
 the final Linear. The reference code assigns ``.fc = Linear(4096, M)`` to torchvision's ``vgg11()``,
 which has no ``fc`` (its head is ``.classifier``), so its network outputs 1000 logits and softmax,
-LID and argmax run over 1000 dimensions (methods.md §1.1). ``reference_head: true`` reproduces that
+LID and argmax run over 1000 dimensions (docs/methods/setup.md §1.1). ``reference_head: true`` reproduces that
 by giving the head 1000 outputs; the unused, never-trained ``fc`` module of the reference is not
 reproduced (it only adds averaged parameters that contribute nothing). Dropout draws its masks from
 the client's generator (``models/layers.py``), where the reference code uses torch's global RNG: the

@@ -42,7 +42,7 @@ CODE_DEFAULTS = (
     "FedDiv ζ = 0 (relabel confidence), ξ = 0.2 and m = 0.5: the code's argparse defaults; the authors' "
     "run arguments are unpublished (the paper: ζ = 0.75, ξ = 0.5, m = 0.2)",
     "FedProx μ·‖w − w_g‖ with μ = 1 and the first batch of each epoch skipped: inferred from FedCorr's "
-    "options help string (methods.md Q24), not a published FedProx setting",
+    "options help string (docs/methods/fedcorr.md Q24), not a published FedProx setting",
     "RoFL weight decay 1e-4: the unofficial code's default (unknown whether FedCorr kept it)",
 )
 

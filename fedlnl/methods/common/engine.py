@@ -487,7 +487,7 @@ def _prox(model: nn.Module, anchor: list[torch.Tensor], half: bool, mu: float) -
 def prox_penalty(model: nn.Module, anchor: list[torch.Tensor], form: str, mu: float = 1.0) -> torch.Tensor:
     """μ times the proximal distance to the global parameters in one of its published forms:
     ``half_squared`` ½‖w − w_g‖² (FedProx, Li et al. 2020, Eq. 2), ``squared`` ‖w − w_g‖²
-    (FedCorr Eq. 5), ``norm`` ‖w − w_g‖ (the FedCorr reference code, methods.md §1.2).
+    (FedCorr Eq. 5), ``norm`` ‖w − w_g‖ (the FedCorr reference code, docs/methods/setup.md §1.2).
     Equal bit for bit to ``mu * prox_penalty(model, anchor, form)``; passing μ in saves an op per
     step forward and backward."""
     if form == "half_squared":
@@ -811,7 +811,7 @@ CHUNK_ELEMENTS = 1 << 22
 
 def median_lastdim(x: torch.Tensor) -> torch.Tensor:
     """Median along the last dimension. An even count gives the mean of the two middle values
-    (ARFL's ``median_opt``, methods.md §8), not ``torch.median``'s lower middle value."""
+    (ARFL's ``median_opt``, docs/methods/median.md §8), not ``torch.median``'s lower middle value."""
     n = x.shape[-1]
     s = x.sort(dim=-1).values
     if n % 2:

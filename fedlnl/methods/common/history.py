@@ -1,7 +1,7 @@
 """Per-sample prediction histories kept across rounds, keyed by global sample index.
 
 A client's history of its own samples is client-side state that must outlive a round (SELFIE's last q
-predictions, methods.md §21). One table for the whole federation, indexed by the global positions a
+predictions, docs/methods/local_lnl.md §21). One table for the whole federation, indexed by the global positions a
 ``ClientView`` carries, holds every client's part: client k only ever reads and writes its own rows,
 so the table is the union of the per-client histories, and it is plain tensors (checkpointed with the
 method's state). Plain functions on a dict, as ``semisup.label_memory``.

@@ -11,7 +11,7 @@ Each function is general (no method-specific state) and documented with the equa
   relabels (FedCorr Eqs. 6-7), with the ``>`` vs ``≥`` and candidate-pool choices as arguments.
 - ``check_rate`` / ``rate_value``: a rate hyperparameter given as a number or as ``noise`` (the
   federation's nominal noise rate); ``forget_rate_at`` / ``keep_count`` / ``small_loss`` /
-  ``mean_ce``: the small-loss selection of Co-teaching-style methods (methods.md §21).
+  ``mean_ce``: the small-loss selection of Co-teaching-style methods (docs/methods/local_lnl.md §21).
 """
 from __future__ import annotations
 
@@ -157,7 +157,7 @@ SCHEDULES = ("paper", "linspace")
 
 def rate_value(key: str, value, info) -> float:
     """The number a rate hyperparameter stands for: itself, or with ``noise`` the noise rate the
-    configuration implies (``FederationInfo.noise_rate``; never measured on labels, methods.md R3)."""
+    configuration implies (``FederationInfo.noise_rate``; never measured on labels, docs/methods/rofl.md R3)."""
     if value != NOISE:
         return float(value)
     rate = getattr(info, "noise_rate", None)

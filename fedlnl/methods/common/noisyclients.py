@@ -1,4 +1,4 @@
-"""Noisy-client tools shared by the two-stage methods of FedNoRo's family (FedNoRo, methods.md §18;
+"""Noisy-client tools shared by the two-stage methods of FedNoRo's family (FedNoRo, docs/methods/fednoro.md §18;
 FedELC, §22.3): a logit-adjusted loss on the client's observed class prior, per-class losses of the
 global model on every client, a client-level GMM split, and distance-aware aggregation (DaAgg).
 
@@ -58,7 +58,7 @@ def adjustment(labels: torch.Tensor, num_classes: int, tau: float) -> torch.Tens
 
 
 def la_loss(logits, labels, adj):
-    """Logit-adjusted cross-entropy (Menon et al. 2021; FedNoRo stage 1, methods.md §18.1):
+    """Logit-adjusted cross-entropy (Menon et al. 2021; FedNoRo stage 1, docs/methods/fednoro.md §18.1):
     CE(f(x) + τ·log π, y), ``adj`` = τ·log π (the code's ``LogitAdjust``)."""
     return F.cross_entropy(logits + adj, labels)
 
@@ -76,7 +76,7 @@ def per_class_losses(losses: torch.Tensor, labels: torch.Tensor, num_classes: in
 
 def normalise_columns(metrics: np.ndarray) -> np.ndarray:
     """Missing entries → the column's minimum over the other clients (the code's ``nanmin``), then
-    min-max per class over the clients (methods.md §18.2); an all-missing or constant column becomes 0."""
+    min-max per class over the clients (docs/methods/fednoro.md §18.2); an all-missing or constant column becomes 0."""
     m = np.array(metrics, dtype=np.float64)
     for j in range(m.shape[1]):
         col = m[:, j]
@@ -92,7 +92,7 @@ def normalise_columns(metrics: np.ndarray) -> np.ndarray:
 
 def gmm_noisy(matrix: np.ndarray, seeds: list[int]) -> tuple[np.ndarray, dict]:
     """2-component GMM on the clients' loss vectors; noisy = the component with the larger sum of
-    means (methods.md §18.2). With several seeds each fit votes and the most frequent noisy set wins
+    means (docs/methods/fednoro.md §18.2). With several seeds each fit votes and the most frequent noisy set wins
     (ties: the first seed's order, as the code). Returns (noisy mask, diagnostics)."""
     from sklearn.mixture import GaussianMixture
 
@@ -124,7 +124,7 @@ def gmm_seed_list(votes: int, form: str, rng: np.random.Generator) -> list[int]:
 
 def detect_clients(method, state, ctx, key: str) -> np.ndarray:
     """:func:`detect_noisy_clients` for a two-stage method (its ``DetectionParams`` and ``fl``) on its
-    state's model, global weights and number of classes (FedNoRo stage 1, methods.md §18.2)."""
+    state's model, global weights and number of classes (FedNoRo stage 1, docs/methods/fednoro.md §18.2)."""
     return detect_noisy_clients(state["model"], state["global"], ctx, state["num_classes"], method.fl.eval_batch_size,
                                 method.detect_augment, method.gmm_votes, method.gmm_seeds, key=key)
 
@@ -134,7 +134,7 @@ def detect_noisy_clients(model, weights, ctx, num_classes: int, batch_size: int,
     """Load ``weights`` (the global model) into ``model``; its per-class losses (eval mode) on every
     client's observed labels → missing classes filled and columns min-max normalised → a 2-component
     GMM, ``votes`` fits with the seeds ``gmm_seed_list`` gives (``fixed`` 0..votes − 1, or ``run``:
-    from ``ctx.rng(key + "_gmm")``; methods.md §18.2). The pass reads
+    from ``ctx.rng(key + "_gmm")``; docs/methods/fednoro.md §18.2). The pass reads
     augmented views when ``augment`` (generators ``ctx.generator(key + "_detect", k)``). It runs on
     the server through ``ctx.views``, standing for each client uploading its C per-class losses (not
     counted in ``bytes_up``). The decisions go to ``ctx.report_clients`` and the matrices to
@@ -158,15 +158,15 @@ def detect_noisy_clients(model, weights, ctx, num_classes: int, batch_size: int,
 # ----------------------------------------------------------------------------------- DaAgg
 def model_distance(a: dict, b: dict, form: str) -> float:
     """d(w_a, w_b) over the floating state-dict entries: ‖w_a − w_b‖₂ of the whole model (``l2``),
-    or Σ_entries ‖Δ_entry‖₂ (``sum_of_norms``, the code's ``model_dist``; methods.md §18.6 (1))."""
+    or Σ_entries ‖Δ_entry‖₂ (``sum_of_norms``, the code's ``model_dist``; docs/methods/fednoro.md §18.6 (1))."""
     norms = torch.stack([(a[k].double() - b[k].double()).norm() for k in a if a[k].is_floating_point()])
     return float(norms.norm() if form == "l2" else norms.sum())
 
 
 def daagg_weights(weights: list[dict], sizes, noisy, form: str) -> np.ndarray:
-    """DaAgg (FedNoRo stage 2, methods.md §18.4): n_k·e^{−D̂_k} normalised, D_k = min over the clean
+    """DaAgg (FedNoRo stage 2, docs/methods/fednoro.md §18.4): n_k·e^{−D̂_k} normalised, D_k = min over the clean
     models of d(w_k, w_j) for noisy k, 0 for clean k, D̂ = D / max D. FedAvg weights when there is no
-    clean or no noisy model, or every distance is 0 (methods.md §18.6 (6))."""
+    clean or no noisy model, or every distance is 0 (docs/methods/fednoro.md §18.6 (6))."""
     sizes = np.asarray(sizes, dtype=np.float64)
     noisy = np.asarray(noisy, dtype=bool)
     clean = np.flatnonzero(~noisy)

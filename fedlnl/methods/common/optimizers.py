@@ -6,10 +6,10 @@ optimiser of the run (``fl.optimizer``: SGD or Adam) and returns itself: an obje
 read per local update and its replay of a diverged update stay as they are.
 
 - ``ClipGrad``: rescale the gradient to a total L2 norm <= ``max_norm`` before every step
-  (``torch.nn.utils.clip_grad_norm_``; FNBench's ``clipping`` client, methods.md §19.4).
+  (``torch.nn.utils.clip_grad_norm_``; FNBench's ``clipping`` client, docs/methods/robust_aggregation.md §19.4).
 - ``FusedDecay``: coupled weight decay added to every gradient in one op (FedDyn's local step).
 - ``SAM``: sharpness-aware minimisation (Foret et al., ICLR 2021) as FedSAM's local step
-  (methods.md §20.2): the batch loss function moves the weights to w + ε̂ and returns the loss there;
+  (docs/methods/fedexp_fedsam.md §20.2): the batch loss function moves the weights to w + ε̂ and returns the loss there;
   the backward pass then gives the SAM gradient, and ``step`` returns to w before the base step.
 """
 from __future__ import annotations

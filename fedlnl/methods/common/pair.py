@@ -1,5 +1,5 @@
 """Two networks per client trained jointly on the same mini-batches with a per-batch selection rule
-(Co-teaching, Co-teaching+; methods.md §21), federated as two global models.
+(Co-teaching, Co-teaching+; docs/methods/local_lnl.md §21), federated as two global models.
 
 - ``init`` / ``load``: the method state of a pair: the working network and an independently
   initialised twin (``semisup.fresh_copy``), with one global weight set for each.
@@ -31,14 +31,14 @@ from fedlnl.methods.common.protocol import ClientUpdate, Optim
 
 @dataclass(frozen=True)
 class ForgettingParams(Params):
-    """The numbers Co-teaching and Co-teaching+ share (their YAML files; docs/methods.md §21, L-numbers)."""
+    """The numbers Co-teaching and Co-teaching+ share (their YAML files; docs/methods/local_lnl.md §21, L-numbers)."""
 
     forget_rate: float | str = rate("final forget rate τ: a share, or noise (the federation's nominal rate)")
     gradual_share: float = param("share of the rounds T_k in which the forget rate rises to τ",
                                  rule(number, lambda v: 0.0 <= v <= 1.0,
                                       "a share of the rounds in [0, 1] (T_k = max(1, share·rounds))"),
                                  search=linear(0.05, 0.5, "our choice: from the Co-teaching paper's T_k = 10 of 200 "
-                                                          "epochs (0.05) to half the rounds (FNBench 0.2; methods.md "
+                                                          "epochs (0.05) to half the rounds (FNBench 0.2; docs/methods/local_lnl.md "
                                                           "§21.5)"))
     schedule: str = param("L2: the rise min(t/T_k·τ, τ) (paper) | linspace(0, τ, T_k)[t] (codes)",
                           rule(choice, lnl.SCHEDULES))

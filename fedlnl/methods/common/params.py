@@ -31,7 +31,7 @@ from fedlnl.conf.checks import number, rule  # noqa: F401 (rule: the methods wri
 #: the config path a method's own keys are shown under in error messages
 PREFIX = "method."
 #: a rate hyperparameter set to this means "the federation's nominal noise rate" (known from the noise
-#: config alone, never measured on labels: methods.md R3)
+#: config alone, never measured on labels: docs/methods/rofl.md R3)
 NOISE = "noise"
 
 

@@ -1,4 +1,4 @@
-"""Pieces of the Byzantine-robust aggregators (Krum, trimmed mean, RFA, norm clipping; methods.md §19)
+"""Pieces of the Byzantine-robust aggregators (Krum, trimmed mean, RFA, norm clipping; docs/methods/robust_aggregation.md §19)
 as plain functions over client state dicts.
 
 The model vector of a client is the concatenation of the state-dict entries in ``keys`` (by default
@@ -91,7 +91,7 @@ def check_share(key: str, value) -> None:
 
 @dataclass(frozen=True)
 class ByzantineParams(Params):
-    """The assumed Byzantine count Krum and the trimmed mean share (their YAML files; docs/methods.md §19)."""
+    """The assumed Byzantine count Krum and the trimmed mean share (their YAML files; docs/methods/robust_aggregation.md §19)."""
 
     byzantine_share: float | str = param("assumed Byzantine share: f = ⌊share × clients in the round⌋, or noise "
                                          "(the federation's configured noisy-client share)", check_share)

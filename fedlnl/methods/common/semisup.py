@@ -39,7 +39,7 @@ from fedlnl.methods.common.params import LR, Params, among, linear, param, rule
 
 # ------------------------------------------------------------------------------------ config
 def noise_group(rho: float, tau: float, high_from: float) -> str:
-    """FedCorr's two noise groups for per-group hyperparameters (methods.md §11-12): "high" for
+    """FedCorr's two noise groups for per-group hyperparameters (docs/methods/jointopt.md §11, docs/methods/dividemix.md §12): "high" for
     (0.6,0.5), (0.8,0), (0.8,0.5), "low" for (0,0), (0.4,0), (0.4,0.5), (0.6,0). The rule that gives
     exactly these groups and extends to any (ρ, τ): the mean noise level E[μ] = ρ(1+τ)/2 of a client
     (FedCorr Eq. 4) is ≥ ``high_from`` (0.4)."""
@@ -55,7 +55,7 @@ def _share(doc: str):
 @dataclass(frozen=True)
 class TwoStageParams(Params):
     """The schedule of a centralized method run as local training after a FedAvg warm-up (JointOpt,
-    DivideMix; docs/methods.md §11-12): stage 1 FedAvg, stage 2 the method with its own optimiser."""
+    DivideMix; docs/methods/jointopt.md §11, docs/methods/dividemix.md §12): stage 1 FedAvg, stage 2 the method with its own optimiser."""
 
     warmup_rounds: int = param("stage 1: FedAvg warm-up rounds", rule(checks.integer, 0))
     train_rounds: int = param("stage 2: rounds of the method as local training", rule(checks.integer, 1))
@@ -69,7 +69,7 @@ class TwoStageParams(Params):
 @dataclass(frozen=True)
 class DivideMixParams(Params):
     """The DivideMix numbers the federated and the centralized DivideMix share (their YAML files;
-    docs/methods.md §12)."""
+    docs/methods/dividemix.md §12)."""
 
     T: float = param("sharpening temperature", rule(checks.positive))
     alpha: float = param("α of mixup's Beta(α, α)", rule(checks.positive),

@@ -1,13 +1,13 @@
 """Server- and client-side memories a method keeps across rounds, in its own state.
 
 - ``ModelCache``: the server's copy of the latest model each client uploaded, with any per-client
-  records that came with it (e.g. FedRN's expertise and output signature, methods.md §22.2). The
+  records that came with it (e.g. FedRN's expertise and output signature, docs/methods/fedlsr_fedrn_fedelc.md §22.2). The
   server already receives these models; keeping them costs server memory only. Sending a cached model
   to another client is a download the method has to count itself (``bytes_of``): the runner's
   ``bytes_up`` counts uploads only.
 - ``SampleStore``: one row of ``width`` numbers per training sample, keyed by the sample's global
   index (``ClientView.indices``), created on first use by a function of those indices (e.g. FedELC's
-  learnable label distributions, initialised from the observed labels, methods.md §22.3). It lives in
+  learnable label distributions, initialised from the observed labels, docs/methods/fedlsr_fedrn_fedelc.md §22.3). It lives in
   the method's state, so it survives rounds and checkpoints; rows of a client stand for what that
   client keeps locally between its participations.
 

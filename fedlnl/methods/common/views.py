@@ -2,9 +2,9 @@
 
 A method's loss function receives the batch the runner's local training drew (``xb``: normalised,
 cropped and flipped where the dataset defines it); ``mild_view`` returns another view of the same
-images, as the consistency methods (FedLSR, methods.md §22.1) compare the model's outputs on the two.
+images, as the consistency methods (FedLSR, docs/methods/fedlsr_fedrn_fedelc.md §22.1) compare the model's outputs on the two.
 
-Kinds (the ones FedLSR's official code uses; methods.md §22.1):
+Kinds (the ones FedLSR's official code uses; docs/methods/fedlsr_fedrn_fedelc.md §22.1):
 - ``color``: horizontal flip (p = 0.5), colour jitter with p = 0.8 (brightness, contrast,
   saturation factors ~ U[0.2, 1.8], hue shift ~ U[−0.2, 0.2], i.e. torchvision's
   ``ColorJitter(0.8, 0.8, 0.8, 0.2)``), grayscale with p = 0.2. The jitter's four operations run in
