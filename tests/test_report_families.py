@@ -54,8 +54,12 @@ def family_sweep(tmp_path: Path) -> Path:
 
 
 def md_order(md: str) -> tuple[list[str], list[str]]:
-    """(family headings, row names) of a Markdown table in their order."""
-    cells_ = [line.split(" | ")[0].removeprefix("| ") for line in md.splitlines() if line.startswith("| ")]
+    """(family headings, row names) of the first Markdown table in their order (a tuned run's table
+    of tuned values follows it)."""
+    lines = md.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("| "))
+    end = next((i for i in range(start, len(lines)) if not lines[i].startswith("|")), len(lines))
+    cells_ = [line.split(" | ")[0].removeprefix("| ") for line in lines[start:end] if line.startswith("| ")]
     body = cells_[1:]  # without the header
     return [c.strip("*") for c in body if c.startswith("*")], [c for c in body if not c.startswith("*")]
 

@@ -173,6 +173,22 @@ def test_a_bare_name_is_a_committed_tuning_unless_a_path_of_that_name_exists(tmp
         tuning.results_file("other", "fedprox")
 
 
+def test_the_quickstart_applies_a_committed_tuning_of_every_method_at_one_budget():
+    """make run compares tuned methods (issue 33 item 3): each method's values were tuned in the
+    quickstart's own setting at its noisy cell, with the same number of trials for every method."""
+    cfg = compose_cfg(["experiment=quickstart", "method=fedavg"])
+    assert cfg.tuned == "quickstart" and "quickstart" in tuning.COMMITTED
+    trials = set()
+    for name in method_names():
+        path, _ = tuning.results_file("quickstart", name)
+        data = tuning.read_results(path, "quickstart", name)
+        setting = data["setting"]
+        assert (setting["name"], setting["rho"], setting["tau"], setting["seed"]) == ("quickstart", 0.6, 0.5, 0)
+        assert data["objective"] == tuning.OBJECTIVE and data["trials_complete"] == data["trials"]
+        trials.add(data["trials"])
+    assert len(trials) == 1
+
+
 @pytest.mark.parametrize("case, message", [
     ("missing", "no such file or directory"),
     ("other_method", "holds the tuned values of method fedavg, not of this run's method fedprox"),
