@@ -24,8 +24,10 @@ $(STAMP): pyproject.toml
 # The quickstart: every method x noise {(0,0), (0.6,0.5)} x 2 seeds on the offline digits dataset,
 # then the report. Re-running skips the cells already complete.
 run: $(STAMP)
-	$(VENV)/bin/fedlnl-run -m experiment=quickstart
-	$(VENV)/bin/fedlnl-report results/sweeps/quickstart
+	@start=$$(date +%s); \
+	$(VENV)/bin/fedlnl-run -m experiment=quickstart && \
+	$(VENV)/bin/fedlnl-report results/sweeps/quickstart && \
+	echo "make run: the quickstart and its report took $$(( $$(date +%s) - start )) s; open results/sweeps/quickstart/report/report.html"
 
 test: $(STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)

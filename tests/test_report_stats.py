@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from fedlnl.benchmark.report import plots
-from fedlnl.benchmark.report import stats
+from fedlnl.benchmark.report import stats, tables
 
 
 def test_holm_on_hand_made_p_values():
@@ -40,6 +40,19 @@ def test_wilcoxon_minimum_n_follows_alpha():
     assert math.isnan(stats.Test("wilcoxon").p_value(x[:5] + 1, x[:5]))  # 5 pairs: p >= 1/16, never < 0.05
     # six positive differences of distinct sizes: exact two-sided p = 2 / 2^6
     assert stats.Test("wilcoxon").p_value(x + np.arange(1, 7), x) == pytest.approx(2 / 64)
+
+
+def test_a_row_that_lost_seeds_is_never_the_reference():
+    """The quickstart's (0.6, 0.5): fedcorr_fedprox's seed 1 diverged, its one seed had the highest
+    mean; the reference of the column is the best row with every seed, so the others stay testable."""
+    column = {"lost": {0: 96.1}, "a": {0: 94.0, 1: 94.9, 2: 94.4}, "b": {0: 93.0, 1: 95.0, 2: 94.1}}
+    res = stats.against_best(column, stats.Test())
+    assert res["a"]["best"] and not res["lost"]["best"] and res["b"]["tested"]
+    table = pd.DataFrame({"column": ["c"] * 3, "row": ["lost", "a", "b"], "mean": [96.1, 94.43, 94.03],
+                          "std": [0.0, 0.4, 0.8], "n": [1, 3, 3], "n_incomplete": [1, 0, 0],
+                          "ci_low": [float("nan")] * 3, "ci_high": [float("nan")] * 3})
+    _texts, bold = tables.accuracy_grid(table, "row")
+    assert bold.loc["a", "c"] and not bold.loc["lost", "c"] and not bold.loc["b", "c"]
 
 
 def test_against_best_pairs_common_seeds_and_corrects():

@@ -105,14 +105,16 @@ def pairs(a: dict, b: dict) -> tuple[np.ndarray, np.ndarray]:
 
 
 def against_best(column: dict, test: Test) -> dict:
-    """For one column {row: {seed: value}}: the best row (highest mean), and for every other row
+    """For one column {row: {seed: value}}: the best row (highest mean among the rows with the most
+    seeds: a row that lost seeds, e.g. to a divergence, is no reference), and for every other row
     the paired p-value against it, Holm-adjusted over the column's comparisons, the number of
     pairs, and whether it is not significantly worse (``tie``) at ``test.alpha``."""
     column = {r: s for r, s in seed_matrix(column).items() if s}
     if not column:
         return {}
     means = {r: float(np.mean(list(s.values()))) for r, s in column.items()}
-    best = max(means, key=lambda r: (means[r], str(r)))
+    most = max(len(s) for s in column.values())
+    best = max((r for r in means if len(column[r]) == most), key=lambda r: (means[r], str(r)))
     others = [r for r in column if r != best]
     raw, n_pairs = [], []
     for row in others:

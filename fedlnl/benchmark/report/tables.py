@@ -117,8 +117,9 @@ def accuracy_grid(table: pd.DataFrame, rows: str) -> tuple[pd.DataFrame, pd.Data
     cell that is not bold but not significantly worse than the best (``tie``) gets the mark, a
     clean cell that fails the clean-data control (``degrades_clean``) its own."""
     shown = table["mean"].round(2)
-    best = shown.groupby(table["column"], sort=False).transform("max")
-    bold = (shown == best) & (table["n"] > 0)
+    full = table["n"] == table["n"].groupby(table["column"], sort=False).transform("max")  # as stats.against_best
+    best = shown.where(full).groupby(table["column"], sort=False).transform("max")
+    bold = (shown == best) & full & (table["n"] > 0)
     tie = table["tie"].fillna(False).astype(bool) if "tie" in table else pd.Series(False, index=table.index)
     table = table.assign(bold=bold, mark=tie & ~bold)
     fields = ["mean", "std", "n", "n_incomplete", "ci_low", "ci_high"]
@@ -140,7 +141,7 @@ def stats_caption(table: pd.DataFrame, test: stats.Test) -> str:
         return ci + "."
     compared = table[~table["is_best"].astype(bool) & (table["n"] > 0)]
     tested = compared[compared["tested"].astype(bool)]
-    bold = "Bold = best mean of the column (over all its rows)"
+    bold = "Bold = best mean of the column (over its rows with the most seeds)"
     if tested.empty:
         return (f"{ci}. {bold}; no {TIE_MARK} marks: {stats.NOT_ENOUGH} ({test.label}; "
                 f"every comparison with a column's best has fewer than {test.min_n} paired seeds).")
