@@ -89,9 +89,8 @@ def build_method(node: Mapping, fl: Mapping, path: str = "method"):
 def method_nodes(method, node: Mapping, path: str = "method"):
     """(config path, resolved node, built method) for the method and its nested methods."""
     yield path, node, method
-    for key in NESTED:
-        sub = getattr(method, key, None)
-        if sub is not None and isinstance(node.get(key), Mapping):
+    for key, sub in method.nested().items():
+        if isinstance(node.get(key), Mapping):
             yield from method_nodes(sub, node[key], f"{path}.{key}")
 
 
@@ -107,7 +106,7 @@ def check_typed(typed: Mapping[str, str], method, node: Mapping, family: str | N
             continue
         field = key[3:]
         for path, sub, obj in method_nodes(method, node):
-            unused = getattr(obj, "fl_unused", {}) or {}
+            unused = obj.fl_unused
             if field in unused:
                 raise ConfigError(f"{key}={value} does not apply to {type(obj).__name__}: {unused[field]}")
             pinned = sub.get(field) if field in FL_FIELDS else None
@@ -149,19 +148,16 @@ def check_optimizer_keys(typed: Mapping[str, str], path: str, node: Mapping, met
 
 def total_rounds(method, info, rounds: int) -> int:
     """The method's own schedule length, or the runner's ``fl.rounds``."""
-    hook = getattr(method, "total_rounds", None)
-    return int(hook(info, rounds)) if hook is not None else int(rounds)
+    return int(method.total_rounds(info, rounds))
 
 
 def effective(method, node: Mapping, rounds: int, info=None) -> dict:
     """The local-training values the run uses, as recorded in summary.json (``effective``)."""
     out = dataclasses.asdict(method.fl)
     out["rounds"] = total_rounds(method, info, rounds) if info is not None else rounds
-    for key in NESTED:
-        sub = getattr(method, key, None)
-        if sub is not None:
-            out[key] = dataclasses.asdict(sub.fl)
-            length = getattr(method, f"{key}_rounds", None)
-            if callable(length) and info is not None:
-                out[key]["rounds"] = int(length(info))
+    for key, sub in method.nested().items():
+        out[key] = dataclasses.asdict(sub.fl)
+        length = method.nested_rounds(key, info) if info is not None else None
+        if length is not None:
+            out[key]["rounds"] = int(length)
     return out

@@ -79,7 +79,7 @@ def check_noise_rate(method, resolved: dict) -> None:
     from fedlnl.datasets.noise import nominal_rate_problem
 
     for path, _node, obj in compose.method_nodes(method, resolved["method"]):
-        key = getattr(obj, "noise_rate_key", None)
+        key = obj.noise_rate_key
         problem = nominal_rate_problem(resolved["noise"]) if key else None
         if problem:
             raise ConfigError(f"{path}.{key}=noise needs the noise rate, but {problem}: "

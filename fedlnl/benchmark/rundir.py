@@ -72,8 +72,7 @@ def shared_prefix(method, info, resolved: dict, federation_hash: str, identity: 
     rounds, so the first of them to get there saves its state and the others start from it
     (``reuse_prefix``; FedCorr and its stage-3 variants in one sweep). The runner saves and loads
     the file; a sweep's plan counts those rounds once (``sweeper.print_plan``)."""
-    hook = getattr(method, "shared_prefix", None)
-    point = hook(info, resolved["method"]) if hook else None
+    point = method.shared_prefix(info, resolved["method"])
     if point is None:
         return None
     rounds, method_cfg = point

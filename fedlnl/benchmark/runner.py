@@ -354,7 +354,7 @@ class Runner:
             error = f"stopped by {name} after round {done} of {self.total}; resumes from checkpoint.pt when run again"
         summary = {
             "status": status, "error": error, "effective": self.effective, "method": self.method_name,
-            "family": getattr(self.method, "family", None), "dataset": str(self.cfg.dataset.name),
+            "family": self.method.family, "dataset": str(self.cfg.dataset.name),
             "model": model_name(self.cfg),
             "seed": int(self.cfg.seed), "variant": self.cfg.get("variant"), "preset": self.cfg.get("preset"),
             **accuracy_summary(self.rows), **selection_summary(self.rows, self.heldout.validated),

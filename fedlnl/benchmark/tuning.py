@@ -101,7 +101,7 @@ def search_space(method, resolved_method: Mapping) -> list[Dim]:
     a ``search`` space that this configuration reads."""
     dims: dict[str, Dim] = {}
     for path, node, obj in compose.method_nodes(method, resolved_method):
-        unused = getattr(obj, "fl_unused", {}) or {}
+        unused = obj.fl_unused
         if "lr" not in unused:
             key = f"{path}.lr" if node.get("lr") is not None else "fl.lr"
             dims.setdefault(key, Dim(key, LR, obj.fl.lr))

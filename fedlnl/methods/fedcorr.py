@@ -104,7 +104,6 @@ CHOICES = {
     "relabel_cap": ("noisy_count", "mu_hat"),
     "untrained_losses": ("keep", "zero"),
 }
-HOOKS = ("init", "sample_clients", "client_update", "aggregate", "eval_model")
 
 
 # ----------------------------------------------------------------------------------- schedule
@@ -200,7 +199,7 @@ class FedCorrParams(Params):
                                              default=False)
 
     def check(self) -> None:
-        if self.stage3 is not None and not all(callable(getattr(self.stage3, h, None)) for h in HOOKS):
+        if self.stage3 is not None and not isinstance(self.stage3, Method):
             fail("method.stage3", self.stage3, "null or a method config (e.g. +method@method.stage3=fedprox)")
 
 
@@ -272,6 +271,12 @@ class FedCorr(Method):
     def stage3_rounds(self, info) -> int:
         """Rounds the stage-3 method runs (T3, or 0 without usual training)."""
         return self._lengths(info.num_clients)[USUAL]
+
+    def nested(self) -> dict:
+        return {} if self.stage3 is None else {"stage3": self.stage3}
+
+    def nested_rounds(self, key: str, info) -> int | None:
+        return self.stage3_rounds(info) if key == "stage3" else None
 
     @staticmethod
     def _where(state, rnd: int) -> tuple[str, int]:

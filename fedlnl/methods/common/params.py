@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Callable, ClassVar, Sequence
 
 from fedlnl.conf.checks import number, rule  # noqa: F401 (rule: the methods write their fields with it)
+from fedlnl.methods.common.plans import UpdatePlan, client_size, local_steps
 
 #: the config path a method's own keys are shown under in error messages
 PREFIX = "method."
@@ -148,13 +149,60 @@ class Params:
 
 
 class Method:
-    """Base of every method: keeps the shared ``fl`` settings and the method's ``Params``."""
+    """The one base class of every method: keeps the shared ``fl`` settings (``self.fl``) and the
+    method's ``Params`` (each field readable as ``self.<name>``), and declares the whole contract
+    with the runner (``fedlnl.methods.common.protocol`` for the types it hands over).
+
+    Required (no default): ``init(model, info, ctx) -> state``, ``sample_clients(state, ctx) ->
+    list[int]``, ``client_update(state, client, ctx) -> ClientUpdate``, ``aggregate(state, updates,
+    ctx) -> (state, metrics)``, ``eval_model(state) -> nn.Module`` (FedAvg implements all five; a
+    FedAvg variant overrides what differs). Class attributes: ``Params``, ``family`` (one of
+    ``families.FAMILIES``: the report's group; every shipped method names one), ``fl_unused``.
+    Optional hooks, each a method below with its documented default."""
 
     Params: ClassVar[type[Params]] = Params
+    #: the report's group of the method (one of ``families.FAMILIES``); None: not grouped
+    family: ClassVar[str | None] = None
+    #: the shared ``fl`` keys the method does not read, with the reason (a typed override of one is
+    #: refused rather than ignored); default: it reads every key
+    fl_unused: ClassVar[dict[str, str]] = {}
 
     def __init__(self, fl, *args, **values):
         self.fl = fl
         self.params = self.Params(*args, **values)
+
+    def total_rounds(self, info, rounds: int) -> int:
+        """Rounds the run takes, given ``rounds`` = ``fl.rounds`` (the FedAvg-equivalent budget);
+        default: ``fl.rounds``. Override for a method with its own schedule (stages)."""
+        return int(rounds)
+
+    def shared_prefix(self, info, method_cfg: dict) -> tuple[int, dict] | None:
+        """``(rounds, method_cfg')``: the first ``rounds`` rounds depend on the method's config only
+        through ``method_cfg'`` (FedCorr: its config without ``stage3``), so runs of equal
+        ``method_cfg'`` share them (``reuse_prefix``, benchmark/rundir.py); default None: no prefix."""
+        return None
+
+    def nested(self) -> dict[str, "Method"]:
+        """The methods this one runs inside itself, by config key (FedCorr's ``stage3``); default none.
+        Their typed ``fl`` keys are checked and their local-training values recorded like the method's."""
+        return {}
+
+    def nested_rounds(self, key: str, info) -> int | None:
+        """Rounds the nested method ``key`` runs (summary.json ``effective``); default None: unknown."""
+        return None
+
+    def plan_clients(self, ctx):
+        """A round's clients as planned before training (``dry_run``): a list of client ids or a
+        ``plans.Planned``; default ``sample_clients(None, ctx)`` (sampling that reads no state; a
+        method whose ``sample_clients`` reads ``state`` must override it). Where training decides,
+        return an upper bound marked inexact. The end-to-end tests compare every plan with its run."""
+        return self.sample_clients(None, ctx)
+
+    def plan_update(self, ctx, k: int, info, model) -> UpdatePlan:
+        """Client ``k``'s update as planned before training: default one local training of
+        ``fl.local_epochs`` passes over its samples in batches of ``fl.batch_size``, uploading the
+        model (``engine.train_from_global``)."""
+        return UpdatePlan(local_steps(client_size(info, k), self.fl.local_epochs, self.fl.batch_size))
 
     @property
     def noise_rate_key(self) -> str | None:

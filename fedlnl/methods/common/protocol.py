@@ -1,10 +1,11 @@
 """The method plugin contract: what the runner hands a method and what it gets back.
 
-A method is one class (one file in ``fedlnl/methods/``) with these hooks; the runner owns the loop::
+A method is one class (one file in ``fedlnl/methods/``) derived from ``fedlnl.methods.common.params.Method``,
+the one base class, whose optional hooks have documented defaults there; the runner owns the loop::
 
     method = Method(fl=FLSettings(...), **its own hyperparameters)
     state = method.init(model, info, ctx0)
-    for round in range(method.total_rounds(info, fl.rounds)):   # or fl.rounds without the hook
+    for round in range(method.total_rounds(info, fl.rounds)):   # the base's default: fl.rounds
         ids = method.sample_clients(state, ctx)
         updates = [method.client_update(state, view(k), ctx) for k in ids]
         state, metrics = method.aggregate(state, updates, ctx)
@@ -21,17 +22,18 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol
+from typing import Any, Callable
 
 import numpy as np
 import torch
 from torch import nn
 
 from fedlnl.methods.common.families import FAMILIES  # noqa: F401 (torch-free for the report)
-
-#: ``sample_clients`` may return ``[ALL_CLIENTS]`` to train on the pooled data of every client
-#: (the centralized references); the runner then builds one view over all training samples.
-ALL_CLIENTS = -1
+# ``sample_clients`` may return ``[ALL_CLIENTS]`` to train on the pooled data of every client (the
+# centralized references; the runner then builds one view over all training samples). The plans'
+# types live torch-free in ``plans`` (the base class's default hooks use them), re-exported here.
+from fedlnl.methods.common.plans import (  # noqa: F401
+    ALL_CLIENTS, Planned, UpdatePlan, client_size, local_steps, planned_clients, planned_update)
 
 
 #: the local optimisers ``fl.optimizer`` names, and the keys each reads besides ``lr`` and
@@ -194,102 +196,3 @@ class RoundContext:
     def rng(self, *keys: Any) -> np.random.Generator:
         """A numpy generator seeded by (seed, round, *keys)."""
         return np.random.default_rng(self._seed(*keys))
-
-
-class Method(Protocol):
-    """The hooks every method implements (structural typing: no base class to inherit).
-
-    Optional: ``total_rounds(info, rounds) -> int`` for a method with its own schedule (stages),
-    given ``rounds`` = ``fl.rounds`` (the FedAvg-equivalent budget); without it the runner runs
-    ``fl.rounds`` rounds. ``fl_unused: dict[str, str]`` names the shared ``fl`` keys the method does
-    not read, with the reason (a command-line override of one is refused rather than ignored).
-    ``noise_rate_key: str | None`` names the hyperparameter set to ``noise`` (= ``info.noise_rate``), so
-    that preflight refuses a noise config without a known rate before any cell trains.
-    ``shared_prefix(info, method_cfg) -> (rounds, method_cfg') | None`` declares that the first
-    ``rounds`` rounds depend on the method's config only through ``method_cfg'`` (FedCorr: its config
-    without ``stage3``): runs of equal ``method_cfg'``, other config, code and device identity start
-    after those rounds from the state the first of them saved (``reuse_prefix``, benchmark/runner.py).
-
-    Plans (``dry_run=true``, ``fedlnl.benchmark.plan``) walk the same schedule without training:
-    ``plan_clients(ctx) -> list[int] | Planned`` gives a round's clients from the code
-    ``sample_clients`` uses (a method whose ``sample_clients`` reads ``state`` must provide it; the
-    planner otherwise calls ``sample_clients(None, ctx)``); ``plan_update(ctx, k, info, model) ->
-    UpdatePlan`` gives client k's optimiser steps and uploads (default: one ``engine.local_train`` of
-    ``fl.local_epochs`` passes over its samples, uploading the model). Where training decides a
-    figure, the hook returns an upper bound marked inexact. The end-to-end tests compare every
-    method's plan with its finished run."""
-
-    fl: FLSettings
-
-    def init(self, model: nn.Module, info: FederationInfo, ctx: RoundContext) -> Any: ...
-
-    def sample_clients(self, state: Any, ctx: RoundContext) -> list[int]: ...
-
-    def client_update(self, state: Any, client: ClientView, ctx: RoundContext) -> ClientUpdate: ...
-
-    def aggregate(
-        self, state: Any, updates: list[ClientUpdate], ctx: RoundContext
-    ) -> tuple[Any, dict[str, float]]: ...
-
-    def eval_model(self, state: Any) -> nn.Module: ...
-
-
-# ------------------------------------------------------------------------------------ plans
-@dataclass(frozen=True)
-class Planned:
-    """A round's participants as the schedule decides them before training (``dry_run`` plans).
-
-    ``clients`` lists them where the schedule alone decides (seeded draws, fixed orders); where
-    training decides who participates (PoC's highest losses, FedCorr's estimated-clean clients)
-    it is None and ``count`` of the clients in ``among`` (None: any client) take part. ``exact``
-    is False when ``count`` is only an upper bound (training may pick fewer)."""
-
-    clients: list[int] | None
-    count: int
-    exact: bool = True
-    among: list[int] | None = None
-
-
-@dataclass(frozen=True)
-class UpdatePlan:
-    """One client update as planned before training: optimiser ``steps``, the number of model
-    state dicts uploaded (``models``: 1 for the usual update, 2 for DivideMix's two networks, 0 for
-    a centralized step that sends nothing) and the other uploaded bytes (``payload``). ``exact`` is
-    False when ``steps`` is an upper bound (training on samples that training selects)."""
-
-    steps: int
-    models: int = 1
-    payload: int = 0
-    exact: bool = True
-
-
-def local_steps(num_samples: int, epochs: int, batch_size: int) -> int:
-    """Optimiser steps of ``epochs`` shuffled passes over ``num_samples`` in mini-batches of
-    ``batch_size`` with the last one short (``engine.batches``): epochs x ceil(n / B)."""
-    return int(epochs) * -(-int(num_samples) // int(batch_size))
-
-
-def planned_clients(method, ctx: "RoundContext") -> Planned:
-    """The clients of round ``ctx.round`` from the method's own schedule code: its
-    ``plan_clients(ctx)``, or its ``sample_clients(None, ctx)`` when sampling needs no state."""
-    hook = getattr(method, "plan_clients", None)
-    drawn = hook(ctx) if hook is not None else method.sample_clients(None, ctx)
-    if isinstance(drawn, Planned):
-        return drawn
-    drawn = [int(k) for k in drawn]
-    return Planned(drawn, sum(1 for k in drawn if k != ALL_CLIENTS))
-
-
-def planned_update(method, ctx: "RoundContext", k: int, info: FederationInfo, model: nn.Module) -> UpdatePlan:
-    """Client ``k``'s update in round ``ctx.round``: the method's ``plan_update(ctx, k, info,
-    model)``, or by default one local training of ``fl.local_epochs`` passes over the client's
-    samples in batches of ``fl.batch_size`` uploading the model (``engine.train_from_global``)."""
-    hook = getattr(method, "plan_update", None)
-    if hook is not None:
-        return hook(ctx, k, info, model)
-    return UpdatePlan(local_steps(client_size(info, k), method.fl.local_epochs, method.fl.batch_size))
-
-
-def client_size(info: FederationInfo, k: int) -> int:
-    """n_k, or the pooled training set for ``ALL_CLIENTS``."""
-    return int(sum(info.client_sizes)) if k == ALL_CLIENTS else int(info.client_sizes[k])
