@@ -375,3 +375,13 @@ def test_the_readme_is_a_front_page():
     assert "```bash\nmake run\nmake test\n```" in readme
     for target in re.findall(r"\]\(((?:docs/)[^)#]+)", readme):
         assert (REPO / target).exists(), target
+
+
+def test_the_configuration_reference_lists_every_method():
+    """docs/configuration.md's method table names every YAML of conf/method/ (issue 35 item 5): a new
+    method cannot be missing from it."""
+    text = (REPO / "docs" / "configuration.md").read_text()
+    table = [line for line in text.splitlines() if line.startswith("| `")]
+    listed = {name for line in table for name in re.findall(r"`([a-z_0-9]+)`", line.split(" | ")[0])}
+    methods = {p.stem for p in (REPO / "fedlnl" / "conf" / "method").glob("*.yaml")}
+    assert not sorted(methods - listed), f"docs/configuration.md lacks: {sorted(methods - listed)}"
