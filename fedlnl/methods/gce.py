@@ -4,7 +4,8 @@ the robust losses FedNoisy ships for its FedAvg clients (https://github.com/SMIL
 2b7ca7a, ``fednoisy/utils/criterion.py`` ``GeneralizedCrossEntropy``, copied from the APL code).
 Facts: docs/methods/local_lnl.md §21.10.
 
-Loss (the paper's L_q; equation numbers not read, docs/methods/local_lnl.md §21.9): L_q(f(x), e_y) = (1 − p_y^q)/q with
+Loss (the paper's L_q, Eq. 6 by a third-party implementation's numbering; the paper's text not read,
+docs/methods/local_lnl.md §21.9): L_q(f(x), e_y) = (1 − p_y^q)/q with
 q ∈ (0, 1]: q → 0 gives the cross-entropy −log p_y, q = 1 gives 1 − p_y (MAE up to its factor 2).
 ∂L_q/∂z = p_y^q·(p − e_y): CE's gradient with each sample weighted by p_y^q. Batch mean. The
 truncated variant L_trunc (k = 0.5, pruned by alternating convex search) is left out (L21).
@@ -28,7 +29,7 @@ from fedlnl.methods.fedavg import FedAvg
 
 
 def gce_loss(logits: torch.Tensor, labels: torch.Tensor, q: float) -> torch.Tensor:
-    """L_q = (1 − p_y^q)/q (Zhang & Sabuncu), batch mean."""
+    """L_q = (1 − p_y^q)/q (Zhang & Sabuncu, Eq. 6 by a third-party numbering), batch mean."""
     log_py = F.log_softmax(logits, dim=1).gather(1, labels[:, None]).squeeze(1)
     # p_y^q = exp(q·log p_y): taken in log space, so a p_y that underflows keeps its (tiny) gradient
     # where the codes' clamp at 1e-7 would cut it (L22)
