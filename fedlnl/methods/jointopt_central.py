@@ -17,7 +17,10 @@ Algorithm (paper §3, two steps as the reference code):
   trains with soft-label cross-entropy on the final soft labels, lr ``second_lr`` = 0.2 divided by 10
   (``second_decay``) after ⌊E/3⌋ and ⌊2E/3⌋ epochs (reference code). ``second_epochs: 0`` skips it.
 - α, β and lr per noise group (FedCorr Table 8, ``semisup.noise_group``): low noise β 1.5, lr 0.1;
-  high noise β 0.8, lr 0.2; α 1.2 for both. Table 8's lr is taken as the first step's.
+  high noise β 0.8, lr 0.2; α 1.2 for both. Table 8's lr is taken as the first step's: ``fl.lr``
+  (pinned to 0.1 in the YAML) in the low group, ``fl.lr × lr_high_factor`` (2) in the high one. One
+  lr key for both groups, so that the equal-budget tuning (run at the noisy cell, high group) sets
+  the clean cell's lr too (docs/methods/jointopt.md §11, "clean-data control").
 
 Implementation notes
 - The optimiser (and its momentum) persists across rounds in the state, as one centralized run.
@@ -53,16 +56,14 @@ class JointOptCentralParams(Params):
                             search=around(3, "our choice: ×/÷ 3 around the code's β of the group"))
     beta_high: float = param("β of the high-noise group", rule(nonnegative),
                              search=around(3, "our choice: ×/÷ 3 around the code's β of the group"))
-    lr_low: float = param("learning rate of the low-noise group", rule(positive),
-                          search=LR)
-    lr_high: float = param("learning rate of the high-noise group", rule(positive),
-                           search=LR)
+    lr_high_factor: float = param("first step: the high-noise group's lr is fl.lr × this (FedCorr Table 8: 0.2 = 2 × 0.1)",
+                                  rule(positive))
     high_noise_from: float = param("the group is high when ρ(1+τ)/2 >= it (semisup.noise_group)", rule(unit))
     noise_rho: float = param("ρ of the run's noise config (interpolated)", rule(unit))
     noise_tau: float = param("τ of the run's noise config (interpolated)", rule(unit))
     second_epochs: int = param("second step: epochs retraining from the initial weights on the soft labels; 0 skips it",
                                rule(integer, 0))
-    second_lr: float = param("second step: learning rate", rule(positive))
+    second_lr: float = param("second step: learning rate", rule(positive), search=LR)
     second_decay: float = param("second step: factor applied after 1/3 and 2/3 of its epochs", rule(positive))
 
     @functools.cached_property
@@ -70,18 +71,17 @@ class JointOptCentralParams(Params):
         return semisup.noise_group(self.noise_rho, self.noise_tau, self.high_noise_from) == "high"
 
     def unread(self) -> frozenset[str]:
-        """The other noise group's β and lr."""
-        return frozenset({"beta_low", "lr_low"} if self.high else {"beta_high", "lr_high"})
+        """The other noise group's β (and the high group's lr factor in the low group)."""
+        return frozenset({"beta_low"} if self.high else {"beta_high", "lr_high_factor"})
 
     @property
     def beta(self) -> float:
         """β of the run's noise group."""
         return self.beta_high if self.high else self.beta_low
 
-    @property
-    def lr(self) -> float:
-        """The learning rate of the run's noise group."""
-        return self.lr_high if self.high else self.lr_low
+    def first_lr(self, lr: float) -> float:
+        """The first step's learning rate of the run's noise group, from ``fl.lr`` (the low group's)."""
+        return lr * self.lr_high_factor if self.high else lr
 
 
 class JointOptCentral(Method):
@@ -90,7 +90,7 @@ class JointOptCentral(Method):
     #: the shared `fl` keys this method does not read (a typed override of one is refused)
     fl_unused = {"rounds": "its schedule is method.epochs + method.second_epochs (one round = method.epochs_per_round epochs)",
                  "frac": "it trains on the pooled data, no client sampling",
-                 "local_epochs": "its schedule is method.epochs", "lr": "its lr is method.lr_low / method.lr_high by noise group"}
+                 "local_epochs": "its schedule is method.epochs"}
 
     Params = JointOptCentralParams
 
@@ -99,7 +99,7 @@ class JointOptCentral(Method):
 
     def init(self, model, info, ctx):
         return {"model": model, "init": engine.get_weights(model), "num_classes": info.num_classes,
-                "opt": engine.optimizer(model, self.fl.optim(lr=self.lr)), "mem": None}
+                "opt": engine.optimizer(model, self.fl.optim(lr=self.params.first_lr(self.fl.lr))), "mem": None}
 
     def sample_clients(self, state, ctx):
         return [ALL_CLIENTS]
