@@ -335,6 +335,68 @@ def test_one_seed_report_has_no_win_tie_loss_wall(tmp_path: Path):
     assert "Left out of the matrix (no tested pair): fedcorr." in stats_md
 
 
+#: what a cell says when it holds no result: the marks of an "untested" / "never reached" wall
+EMPTY_CELLS = {"", "-", "—", "–"}
+
+
+def _tables(md: str) -> list[list[list[str]]]:
+    """Every Markdown table of a page as its data rows (cells after the row label; family heading rows,
+    whose cells are all empty by design, left out)."""
+    tables, rows = [], None
+    for line in md.splitlines() + [""]:
+        if line.startswith("|"):
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            if rows is None:
+                rows = []
+            elif not set(cells) <= {"---", ""} and not cells[0].startswith("*"):
+                rows.append(cells[1:])
+        elif rows is not None:
+            tables.append(rows)
+            rows = None
+    return tables
+
+
+def _is_wall(rows: list[list[str]]) -> bool:
+    cells = [c for row in rows for c in row]
+    return bool(cells) and all(c in EMPTY_CELLS or "untested" in c or c.startswith("0/0/0") for c in cells)
+
+
+def test_tables_helper_finds_a_wall():
+    md = ("| m | a | b |\n|---|---|---|\n| *fam* |  |  |\n| x | - | - |\n| y | 0/0/0 (2 untested) | — |\n\ntext\n"
+          "| m | a |\n|---|---|\n| x | 10 |\n| y | - |\n")
+    tables = _tables(md)
+    assert tables == [[["-", "-"], ["0/0/0 (2 untested)", "—"]], [["10"], ["-"]]]
+    assert [_is_wall(t) for t in tables] == [True, False]
+
+
+def test_one_seed_report_has_no_table_of_only_empty_cells(tmp_path: Path):
+    """A one-seed sweep where no run reaches the 80% target: every table of every Markdown page of the
+    report holds some result (the win/tie/loss matrix and the cost to 80% become one line each), and
+    report.html shows neither."""
+    root = tmp_path / "sweep"
+    for i, method in enumerate(("fedavg", "fedprox", "fedcorr", "krum")):
+        for noise in ((0.0, 0.0), (0.6, 0.5)):
+            s = summary(method, noise, 0, 0.5 + 0.1 * i, (10 * (i + 1), None))
+            s.update(best_balanced_acc=0.4 + 0.1 * i, cost_to_target_balanced={"0.5": None, "0.8": None})
+            write_run(root / f"{method}_{noise[0]}", s, 0.5 + 0.1 * i)
+    assert report.main([str(root), "--figures", "none"]) == 0
+    out = root / "report"
+    walls = {page.name: t for page in sorted(out.glob("*.md")) for t in _tables(page.read_text()) if _is_wall(t)}
+    assert not walls, walls
+    comm = (out / "comm.md").read_text()
+    assert "### Communication cost to reach 50% test accuracy" in comm  # reached by some: kept
+    assert "### Communication cost to reach 80% test accuracy" not in comm
+    assert ("No table of the cost to reach 80% test accuracy: no run of any cell reached it (and no published "
+            "cost to compare with).") in comm
+    page = (out / "report.html").read_text()
+    assert "comm: Communication cost to reach 80%" not in page and "No table of the cost to reach 80%" in page
+    assert "% Communication cost to reach 80%" not in (out / "comm.tex").read_text()  # no tabular for it
+    # the balanced curve: no run reaches either target, so no cost-to-target table at all
+    assert report.main([str(root), "--figures", "none", "--metric", "best_balanced_acc", "--out", str(tmp_path / "b")]) == 0
+    comm = (tmp_path / "b" / "comm.md").read_text()
+    assert comm.count("### ") == 1 and "No table of the cost to reach 50% balanced test accuracy nor 80% " in comm
+
+
 # ---------------------------------------------------------------- output errors and interrupts (issue 34)
 
 

@@ -30,7 +30,9 @@ whose runs name several families (rows that are not methods): no grouping.
 
 Communication (FedCorr appendix B, C.3, Tables 11-13): total cost (client participations) and cost
 to each accuracy target, as means over the complete seeds; a target is averaged over the seeds that
-reached it ("[k/n]" when not all did) and is "-" when none did. ``--ratio-to METHOD`` adds the ratio
+reached it ("[k/n]" when not all did) and is "-" when none did; a target that no run of any cell
+reached (and no paper cost is beside) gets one line under the tables instead of a table of "-".
+``--ratio-to METHOD`` adds the ratio
 to that row's value in the same column, as FedCorr prints in brackets.
 
 Ablations: a run with ``variant`` set (e.g. ``variant="w/o correction"``) is its own row,

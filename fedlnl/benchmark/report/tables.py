@@ -283,15 +283,26 @@ def comm_sections(table: pd.DataFrame, rows: str, ratio_to=None) -> tuple[list[t
     ratio = f" (ratio to {ratio_to} in brackets)" if ratio_to is not None else ""
     curve = "balanced test accuracy" if (table.get("curve", pd.Series(dtype=object)) == "balanced_acc").any() \
         else "test accuracy"
-    sections = []
+    sections, unreached = [], []
     for (quantity, target), part in table.groupby(["quantity", "target"], sort=False):
+        if quantity != "total" and _never_reached(part):  # a wall of "-": one line instead
+            unreached.append(f"{_target_label(target)} {curve}")
+            continue
         title = ("Total communication cost (client participations)" if quantity == "total"
                  else f"Communication cost to reach {_target_label(target)} {curve}")
         sections.append((title + ratio, pivot(part, rows, "text")))
     note = "'-' = never reached; [k/n] = mean over the k of n seeds that reached it.\n"
+    if unreached:
+        note += (f"No table of the cost to reach {' nor '.join(unreached)}: no run of any cell reached it "
+                 "(and no published cost to compare with).\n")
     if (table["paper"] != "").any():
         note += "paper = the published cost (ratio to the same row); Δ = ours − paper.\n"
     return sections, note
+
+
+def _never_reached(part: pd.DataFrame) -> bool:
+    """True when no run of any cell reached the target and no paper cost is shown beside it."""
+    return bool((part["n_reached"].fillna(0) == 0).all() and (part["paper"] == "").all())
 
 
 def comm_markdown(table: pd.DataFrame, rows: str, ratio_to=None, families: dict | None = None) -> str:
