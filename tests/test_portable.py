@@ -211,3 +211,19 @@ def test_export_federation_script_writes_the_packages_bundle(tmp_path):
     assert np.array_equal(arrays["clean_labels"], fed.oracle.clean_labels.numpy())
     assert np.array_equal(arrays["y_test"], arrays["test_labels"])
     assert "bundle(" in (REPO / "benchmarks" / "export_federation.py").read_text()
+
+
+def test_the_user_guides_pytorch_loader_reads_an_export(tmp_path, monkeypatch):
+    """The plain-PyTorch example of docs/user-guide.md, run as printed, gives client 0's samples."""
+    import torch
+
+    text = (REPO / "docs" / "user-guide.md").read_text()
+    start = text.index("```python\n", text.index("## Portable federations")) + len("```python\n")
+    code = text[start:text.index("```", start)]
+    native, _ = round_trip(tmp_path, [])
+    (tmp_path / "fed").rename(tmp_path / "fed_digits")
+    monkeypatch.chdir(tmp_path)
+    scope = {"train_images": native.source.x_train}
+    exec(compile(code, "user-guide.md", "exec"), scope)  # noqa: S102  (the documented snippet itself)
+    ix = torch.as_tensor(native.client_indices[0].copy())
+    assert torch.equal(scope["y_k"], native.labels[ix]) and torch.equal(scope["x_k"], native.source.x_train[ix])
