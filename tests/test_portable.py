@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from omegaconf import OmegaConf
 
 from conftest import CONF, REPO, compose_cfg
 from fedlnl.benchmark.selection import SelectionSettings
@@ -128,3 +129,101 @@ def test_export_refusals_are_one_line_and_write_nothing(tmp_path, args, message)
 
 def test_the_console_script_is_declared():
     assert 'fedlnl-export = "fedlnl.benchmark.export:main"' in (REPO / "pyproject.toml").read_text()
+
+
+# ---------------------------------------------------------------------------------------------
+# the settings of every kind read back; the per-client truth of oracle.npz; what a run on an export is
+
+
+def fake_cifar10n(path: Path, clean: np.ndarray) -> None:
+    """A CIFAR-10N-shaped table on digits' labels: each annotation set wrong on its own images."""
+    import torch
+
+    sets = {}
+    for i, key in enumerate(("aggre_label", "worse_label", "random_label1", "random_label2", "random_label3")):
+        noisy = clean.copy()
+        noisy[i::i + 3] = (noisy[i::i + 3] + 1 + i) % 10
+        sets[key] = noisy
+    torch.save({"clean_label": clean, **sets}, path)
+
+
+@pytest.mark.parametrize("label_set", ["random2", "annotators"])
+def test_cifarn_and_its_annotator_federation_round_trip_with_their_oracle(tmp_path, label_set):
+    from fedlnl.datasets.federation import load_source
+
+    table = tmp_path / "c10n.pt"
+    fake_cifar10n(table, load_source(compose_cfg(["dataset=digits"]).dataset).y_train.numpy())
+    native, back = round_trip(tmp_path, ["noise=cifarn", f"noise.label_set={label_set}", f"noise.file={table}",
+                                         "~noise.rho_tau"], oracle=True)
+    assert back.hash == native.hash and native.oracle.noisy_mask.any()
+    assert np.array_equal(native.labels.numpy(), back.labels.numpy())
+    assert back.oracle.client_kind == native.oracle.client_kind  # annotators: each client's annotator
+    if label_set == "annotators":
+        assert set(back.oracle.client_kind) == {"random1", "random2", "random3"}
+    assert np.array_equal(back.oracle.mu, native.oracle.mu)
+
+
+def test_a_map_by_class_index_reads_back(tmp_path):
+    """JSON turns the map's integer keys into text: the import compares the settings as JSON holds them."""
+    native, back = round_trip(tmp_path, ["noise=asymmetric", "noise.map={0:1,3:5}"])
+    assert back.hash == native.hash and native.oracle.noisy_mask.any()
+
+
+def test_paths_of_this_machine_are_not_part_of_the_setting(monkeypatch):
+    """An export made where the shared data live elsewhere (another FEDLNL_SHARED) is the same setting:
+    cifar10_jpeg's root and order_labels are paths, the federation hash checks the data behind them."""
+    settings = []
+    for shared in ("/one/shared", "/another/place"):
+        monkeypatch.setenv("FEDLNL_SHARED", shared)
+        cfg = compose_cfg(["dataset=cifar10_jpeg", "noise=cifarn", "noise.label_set=annotators"])
+        settings.append(federation_setting(*fed_args(cfg)))
+    assert settings[0] == settings[1]
+    assert "order_labels" not in settings[0]["dataset"] and settings[0]["dataset"]["order_labels_key"] == "clean_label"
+
+
+def test_without_the_oracle_a_client_drawn_noisy_without_a_wrong_label_counts_as_clean(tmp_path):
+    """Only class 0 is mapped and each client holds 2 classes: clients drawn noisy (rho = 1) without
+    class 0 keep every label. Without oracle.npz the run's truth is the realised noise (such a client
+    is clean), so detection scores may differ from the native run's: federation is a result key."""
+    from fedlnl.benchmark.rundir import config_hash
+
+    over = ["partition=classes", "partition.k=2", "noise=asymmetric", "noise.map={0:1}", "noise.rho=1.0",
+            "noise.tau=0.5", "~noise.rho_tau"]
+    native, back = round_trip(tmp_path, over)
+    silent = native.oracle.noisy_client & (native.oracle.realized_rate == 0)
+    assert native.oracle.noisy_client.all() and silent.any()  # the case exists in this federation
+    np.testing.assert_array_equal(back.oracle.noisy_client, native.oracle.realized_rate > 0)
+    np.testing.assert_array_equal(back.oracle.mu, native.oracle.realized_rate)
+    _, exact = round_trip(tmp_path / "with", over, oracle=True)
+    np.testing.assert_array_equal(exact.oracle.noisy_client, native.oracle.noisy_client)
+    cfg = compose_cfg(["method=fedavg", *SETTING])
+    plain = OmegaConf.to_container(cfg, resolve=True)
+    assert config_hash(plain) != config_hash({**plain, "federation": "fed"})
+    assert config_hash(plain) == config_hash({**plain, "federation": None})
+
+
+def test_export_federation_script_writes_the_packages_bundle(tmp_path):
+    """benchmarks/export_federation.py calls fedlnl.benchmark.export.bundle (no logic of its own)."""
+    from fedlnl.benchmark import export
+
+    arrays, fed = export.bundle([*SETTING, "debug=tiny"])
+    assert str(arrays["federation_hash"]) == fed.hash
+    assert np.array_equal(arrays["clean_labels"], fed.oracle.clean_labels.numpy())
+    assert np.array_equal(arrays["y_test"], arrays["test_labels"])
+    assert "bundle(" in (REPO / "benchmarks" / "export_federation.py").read_text()
+
+
+def test_the_user_guides_pytorch_loader_reads_an_export(tmp_path, monkeypatch):
+    """The plain-PyTorch example of docs/user-guide.md, run as printed, gives client 0's samples."""
+    import torch
+
+    text = (REPO / "docs" / "user-guide.md").read_text()
+    start = text.index("```python\n", text.index("## Portable federations")) + len("```python\n")
+    code = text[start:text.index("```", start)]
+    native, _ = round_trip(tmp_path, [])
+    (tmp_path / "fed").rename(tmp_path / "fed_digits")
+    monkeypatch.chdir(tmp_path)
+    scope = {"train_images": native.source.x_train}
+    exec(compile(code, "user-guide.md", "exec"), scope)  # noqa: S102  (the documented snippet itself)
+    ix = torch.as_tensor(native.client_indices[0].copy())
+    assert torch.equal(scope["y_k"], native.labels[ix]) and torch.equal(scope["x_k"], native.source.x_train[ix])

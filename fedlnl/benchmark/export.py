@@ -41,21 +41,18 @@ def split_argv(argv: list[str]) -> tuple[Path, bool, list[str]]:
     return Path(out).expanduser(), oracle, rest
 
 
-def export(argv: list[str]) -> tuple[Path, dict, dict]:
-    """Check, build and write; returns (out, manifest, federation stats)."""
+def build(overrides: list[str]):
+    """(federation, the arguments it was built from, the job config) of ``fedlnl-run <overrides>``,
+    after the run's own checks (ConfigError, one line)."""
     from hydra import compose as hydra_compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
     from hydra.core.hydra_config import HydraConfig
 
-    from fedlnl.datasets import portable
-    from fedlnl.datasets.federation import build_federation, federation_setting, federation_stats
+    from fedlnl.datasets.federation import build_federation
 
-    out, oracle, overrides = split_argv(argv)
     problem = preflight.check_argv(overrides)
     if problem:
         raise ConfigError(problem)
-    if out.exists() and not out.is_dir():
-        raise ConfigError(f"out={out} is invalid: it is a file (give a directory)")
     GlobalHydra.instance().clear()
     with initialize_config_dir(str(preflight.CONF), version_base=None):
         cfg = hydra_compose("config", overrides=overrides, return_hydra_config=True)
@@ -72,14 +69,47 @@ def export(argv: list[str]) -> tuple[Path, dict, dict]:
             fed = build_federation(*args)
         except preflight.DATA_ERRORS as err:
             raise ConfigError(preflight.first_line(err)) from err
+        resolved = OmegaConf.to_container(job, resolve=True)
     finally:
         HydraConfig.instance().cfg = None
         GlobalHydra.instance().clear()
+    return fed, args, resolved
+
+
+def export(argv: list[str]) -> tuple[Path, dict, dict]:
+    """Check, build and write; returns (out, manifest, federation stats)."""
+    from fedlnl.datasets import portable
+    from fedlnl.datasets.federation import federation_setting, federation_stats
+
+    out, oracle, overrides = split_argv(argv)
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"out={out} is invalid: it is a file (give a directory)")
+    fed, args, _job = build(overrides)
     try:
         manifest = portable.write(fed, federation_setting(*args), overrides, out, oracle)
     except OSError as err:
         raise ConfigError(f"out={out}: {type(err).__name__}: {preflight.first_line(err)}") from err
     return out, manifest, federation_stats(fed)
+
+
+def bundle(overrides: list[str], images: bool = False) -> tuple[dict, object]:
+    """(arrays, federation): a config's federation as one ``.npz``'s arrays, with its oracle and, with
+    ``images``, the decoded images (uint8 NCHW, the suite's sample order) and their normalisation: the
+    file ``benchmarks/export_federation.py`` writes for a harness that runs and scores external code
+    (``benchmarks/feddiv_official``). The arrays of ``federation.npz`` and ``oracle.npz`` under the same
+    names, plus ``y_test``, ``federation_hash`` and ``config`` (the composed config as YAML)."""
+    import numpy as np
+
+    from fedlnl.datasets import portable
+
+    fed, _args, job = build(overrides)
+    arrays = {**portable.arrays_of(fed), **portable.oracle_arrays(fed.oracle), "y_test": fed.source.y_test.numpy(),
+              "federation_hash": np.array(fed.hash), "config": np.array(OmegaConf.to_yaml(job))}
+    if images:
+        src = fed.source
+        arrays.update(x_train=src.x_train.numpy(), x_test=src.x_test.numpy(), mean=np.asarray(src.mean),
+                      std=np.asarray(src.std))
+    return arrays, fed
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -35,7 +35,9 @@ def config_hash(cfg: dict) -> str:
 
 def is_legacy(value, legacy) -> bool:
     """``value`` is the legacy value: a mapping with the same keys, each legacy; a boolean by identity
-    (``0`` is not ``false``); a number by value (``0`` is ``0.0``)."""
+    (``0`` is not ``false``); a number by value (``0`` is ``0.0``); None by identity."""
+    if legacy is None:
+        return value is None
     if isinstance(legacy, dict):
         return (isinstance(value, dict) and value.keys() == legacy.keys()
                 and all(is_legacy(value[k], legacy[k]) for k in legacy))

@@ -23,15 +23,17 @@ from __future__ import annotations
 #: ``compile`` is not here: a compiled local step (``methods/common/compiled.py``) rounds differently from
 #: the eager one, so compiled and eager runs are two configurations.
 NON_RESULT_KEYS = ("logger", "name", "preset", "checkpoint_every", "checkpoint_minutes", "skip_complete",
-                   "reuse_prefix", "dry_run", "device", "determinism", "data_placement", "tuned", "tune", "hydra",
-                   "federation")
+                   "reuse_prefix", "dry_run", "device", "determinism", "data_placement", "tuned", "tune", "hydra")
 
 #: result keys added after runs were already made, with the value that reproduces those runs: at that
 #: value the key stays out of the config hash, so a run made before the key existed keeps its hash
 #: (its sweep cell is still skipped or resumed), and any other value makes a configuration of its own.
 #: A node's value is all of its keys (``rundir.is_legacy``): ``selection`` at the papers' protocol (no
-#: validation set, 500-image client test sets, client figures at the reported round only).
-LEGACY_VALUES = {"compile": False,
+#: validation set, 500-image client test sets, client figures at the reported round only). ``federation``
+#: (an exported federation to run on) is a result key: without the export's ``oracle.npz`` the scorer's
+#: client truth is derived from the realised noise (``datasets/portable.py``), so a detection score can
+#: differ from the native run's (a client drawn noisy that received no wrong label counts as clean).
+LEGACY_VALUES = {"compile": False, "federation": None,
                  "selection": {"val_share": 0, "client_test_size": 500, "client_every_eval": False}}
 #: the same for a key inside a node ({(node, key): value}): at that value the key is left out of the node
 #: in the config hash (noise=cifarn's annotator_weights, added with label_set=annotators)

@@ -12,7 +12,8 @@ Written to a directory (format ``FORMAT``):
   setting that built it (partition, noise, number of clients, seed, selection; ``setting``), the
   overrides it was exported with, the nominal noise rate and share;
 - ``oracle.npz`` only with ``oracle=true``: ``clean_labels``, ``mu``, ``noisy_client``,
-  ``realized_rate`` — ground truth for scoring an external run, never for a method;
+  ``realized_rate``, ``client_kind`` (each client's noise kind: ``mixed``'s group, CIFAR-10N's annotator)
+  — ground truth for scoring an external run, never for a method;
 - ``manifest.json``: the format version, the federation hash and the sha256 of every other file.
 
 Reading checks every checksum of the manifest, that the run's setting equals the exported one (paths
@@ -33,8 +34,10 @@ from .types import DataError, Federation, Oracle, Source
 
 FORMAT = 1
 MANIFEST, ARRAYS, META, ORACLE = "manifest.json", "federation.npz", "federation.json", "oracle.npz"
-#: keys that name a place on one machine (data roots, label files): not part of a federation's identity
-PATH_KEYS = frozenset({"root", "file", "path", "cache_dir"})
+#: keys that name a place on one machine (data roots, label files; ``order_labels``: the file whose labels
+#: restore a folder dataset's original order, e.g. cifar10_jpeg's CIFAR-10N table under the shared
+#: directory): not part of a federation's identity (the federation hash checks the data they lead to)
+PATH_KEYS = frozenset({"root", "file", "path", "cache_dir", "order_labels"})
 
 
 def setting_of(dataset: Mapping, partition: Mapping, noise: Mapping, num_clients: int, seed: int,
@@ -70,15 +73,27 @@ def sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def write(fed: Federation, setting: dict, overrides: list[str], out: Path, oracle: bool = False) -> dict:
-    """Write ``fed`` into ``out`` (created; files replaced); returns the manifest."""
-    out.mkdir(parents=True, exist_ok=True)
+def arrays_of(fed: Federation) -> dict[str, np.ndarray]:
+    """The arrays of ``federation.npz`` (no clean label, no per-client truth)."""
     arrays = {}
     for name, parts in (("client", fed.client_indices), ("val", fed.client_val), ("test", fed.client_test)):
         arrays[f"{name}_offsets"], arrays[f"{name}_indices"] = _ragged(parts or [[] for _ in fed.client_indices])
     arrays["labels"] = fed.labels.numpy().astype(np.int64)
     arrays["test_labels"] = fed.source.y_test.numpy().astype(np.int64)
-    np.savez(out / ARRAYS, **arrays)
+    return arrays
+
+
+def oracle_arrays(o: Oracle) -> dict[str, np.ndarray]:
+    """The arrays of ``oracle.npz``: the federation's ground truth."""
+    return {"clean_labels": o.clean_labels.numpy().astype(np.int64), "mu": np.asarray(o.mu, np.float64),
+            "noisy_client": np.asarray(o.noisy_client, bool), "realized_rate": np.asarray(o.realized_rate, np.float64),
+            "client_kind": np.asarray(list(o.client_kind), dtype=str)}
+
+
+def write(fed: Federation, setting: dict, overrides: list[str], out: Path, oracle: bool = False) -> dict:
+    """Write ``fed`` into ``out`` (created; files replaced); returns the manifest."""
+    out.mkdir(parents=True, exist_ok=True)
+    np.savez(out / ARRAYS, **arrays_of(fed))
     src = fed.source
     meta = {"format": FORMAT, "federation_hash": fed.hash, "dataset": src.name, "num_classes": src.num_classes,
             "num_train": int(len(src.y_train)), "num_test": int(len(src.y_test)), "setting": setting,
@@ -87,9 +102,7 @@ def write(fed: Federation, setting: dict, overrides: list[str], out: Path, oracl
     (out / META).write_text(json.dumps(meta, indent=1, sort_keys=True, default=str) + "\n")
     files = [ARRAYS, META]
     if oracle:
-        o = fed.oracle
-        np.savez(out / ORACLE, clean_labels=o.clean_labels.numpy().astype(np.int64), mu=np.asarray(o.mu, np.float64),
-                 noisy_client=np.asarray(o.noisy_client, bool), realized_rate=np.asarray(o.realized_rate, np.float64))
+        np.savez(out / ORACLE, **oracle_arrays(fed.oracle))
         files.append(ORACLE)
     elif (out / ORACLE).exists():
         (out / ORACLE).unlink()  # a re-export without the oracle leaves none behind
@@ -128,7 +141,8 @@ def read(where: Path, source: Source, setting: dict, hash_fn) -> Federation:
     val)`` is the federation hash (``federation.federation_hash``)."""
     manifest = verify(where)
     meta = json.loads((where / META).read_text())
-    differ = _first_difference(meta.get("setting"), setting)
+    # compared as JSON holds them: a mapping with class-index keys (noise.map={0: 1}) reads back with text keys
+    differ = _first_difference(meta.get("setting"), json.loads(json.dumps(setting, sort_keys=True, default=str)))
     if differ is not None:
         key, was, now = differ
         raise DataError(f"federation={where} was exported for {key}={was}, this run has {key}={now}: run with the "
@@ -166,13 +180,14 @@ def _oracle(where: Path, manifest: dict, source: Source, labels: torch.Tensor, c
     mask = torch.from_numpy((observed != clean_np) & (clean_np != UNKNOWN_LABEL))
     if ORACLE in manifest["files"]:
         with np.load(where / ORACLE) as z:
-            return Oracle(torch.from_numpy(z["clean_labels"]), z["mu"], z["noisy_client"], mask, rate)
+            kinds = tuple(str(k) for k in z["client_kind"]) if "client_kind" in z.files else ()
+            return Oracle(torch.from_numpy(z["clean_labels"]), z["mu"], z["noisy_client"], mask, rate, kinds)
     return Oracle(torch.from_numpy(clean_np), rate.copy(), rate > 0, mask, rate)
 
 
 def _first_difference(was: Any, now: Any, prefix: str = "") -> tuple[str, Any, Any] | None:
     if isinstance(was, Mapping) and isinstance(now, Mapping):
-        for key in sorted(set(was) | set(now)):
+        for key in sorted(set(was) | set(now), key=str):
             found = _first_difference(was.get(key), now.get(key), f"{prefix}{key}.")
             if found is not None:
                 return found
