@@ -9,8 +9,9 @@ data layer, the methods and the benchmark all read it.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Mapping
 
 
 class ConfigError(ValueError):
@@ -76,7 +77,61 @@ def choice(key: str, value, options: Iterable, text: bool = False):
     return value
 
 
-def rule(check: Callable, *args, **kwargs) -> Callable[[str, object], None]:
-    """``check`` with its arguments after (key, value) bound: the rule of one field of a parameter
-    object, e.g. ``rule(number, lambda v: v >= 0, "a weight >= 0")``."""
-    return lambda key, value: check(key, value, *args, **kwargs)
+class Rule:
+    """``check`` with its arguments after (key, value) bound: the rule of one field of a declaration,
+    e.g. ``rule(number, lambda v: v >= 0, "a weight >= 0")``."""
+
+    def __init__(self, check: Callable, *args, **kwargs):
+        self.check, self.args, self.kwargs = check, args, kwargs
+
+    def __call__(self, key: str, value) -> None:
+        self.check(key, value, *self.args, **self.kwargs)
+
+    def required(self, key: str, value) -> None:
+        """The rule without its ``optional`` (null refused): a relation that needs the value."""
+        self.check(key, value, *self.args, **{**self.kwargs, "optional": False})
+
+
+rule = Rule
+
+
+class _Shown:
+    """A value no check accepts: asking a check about it yields the text its error says is allowed."""
+
+    def __repr__(self) -> str:
+        return "?"
+
+
+def allowed(check: Callable) -> str:
+    """What ``check`` allows, in the words of its one-line error (the docs' key tables show it)."""
+    try:
+        check("key", _Shown())
+    except ValueError as err:
+        return str(err).partition(" is invalid: allowed ")[2] or str(err)
+    return "anything"
+
+
+# ------------------------------------------------------------------------------ declarations
+def key(doc: str, check: Callable[[str, object], None] | None = None, **metadata):
+    """One declared config key: its one-line ``doc`` and its ``check`` (a ``rule``); the field's
+    annotation is its type. Every declaration (a method's ``Params``, the run keys, the ``fl`` group,
+    a dataset loader's options, a partition or noise kind's options) is a dataclass of these."""
+    default = metadata.pop("default", dataclasses.MISSING)
+    return dataclasses.field(default=default, metadata={"doc": doc, "check": check, **metadata})
+
+
+def check_node(decl, node: Mapping, prefix: str, closed: str | None = None) -> None:
+    """Check a config node against its declaration: with ``closed`` (what the node is, for the
+    message), a key the declaration lacks is refused; each declared key present is checked by its
+    rule; then ``decl.relations(node, prefix)`` (checks that relate keys) when the declaration has it."""
+    fields = dataclasses.fields(decl)
+    if closed is not None:
+        names = [f.name for f in fields]
+        unknown = sorted(k for k in node if k not in names)
+        if unknown:
+            fail(f"{prefix}{unknown[0]}", node[unknown[0]], f"the keys of {closed}: {', '.join(names)}")
+    for f in fields:
+        if f.name in node and f.metadata.get("check") is not None:
+            f.metadata["check"](prefix + f.name, node[f.name])
+    if hasattr(decl, "relations"):
+        decl.relations(node, prefix)

@@ -21,13 +21,14 @@ results do not depend on the order in which clients are executed.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Callable
 
 import numpy as np
 import torch
 from torch import nn
 
+from fedlnl.conf.checks import choice, fail, flag, integer, is_number, key, number, rule
 from fedlnl.methods.common.families import FAMILIES  # noqa: F401 (torch-free for the report)
 # ``sample_clients`` may return ``[ALL_CLIENTS]`` to train on the pooled data of every client (the
 # centralized references; the runner then builds one view over all training samples). The plans'
@@ -48,11 +49,6 @@ def unread_key(optimizer: str) -> str | None:
     return next(key for name, key in OPTIMIZERS.items() if name != optimizer)
 
 
-#: the shared local-training settings (the ``fl`` group) a method YAML may pin per dataset
-FL_FIELDS = ("frac", "local_epochs", "batch_size", "optimizer", "lr", "momentum", "betas", "weight_decay",
-             "augment", "eval_batch_size")
-
-
 @dataclass(frozen=True)
 class Optim:
     """One local optimiser: ``sgd`` = ``torch.optim.SGD(lr, momentum, weight_decay)``, ``adam`` =
@@ -66,25 +62,47 @@ class Optim:
     betas: tuple[float, float] | None = None
 
 
+def _betas(key: str, value, optional: bool = True) -> None:
+    """Adam's (β1, β2): two numbers in [0, 1) (``optional``: or null)."""
+    if optional and value is None:
+        return
+    items = list(value) if isinstance(value, (list, tuple)) else None
+    if items is None or len(items) != 2 or not all(is_number(v) and 0.0 <= v < 1.0 for v in items):
+        fail(key, items if items is not None else value, "a pair [β1, β2] of numbers in [0, 1)")
+
+
 @dataclass(frozen=True)
 class FLSettings:
     """The local-training settings every method shares, built once by the runner from the ``fl``
     group with the values the method's own YAML pins for the dataset (e.g. FedProx's lr 0.01 on
     CIFAR-10) applied, and handed to the method's constructor (pfl-research's central training
     parameters). A method keeps only its own hyperparameters; ``fl.rounds`` and the evaluation
-    cadence stay with the runner. The key the optimiser does not read (``momentum`` of adam,
-    ``betas`` of sgd) is None."""
+    cadence stay with the runner (``benchmark/runkeys.py``). The key the optimiser does not read
+    (``momentum`` of adam, ``betas`` of sgd) is None. Each field is the one declaration of its ``fl``
+    key (type, check, doc), which the validator walks and the docs' key table lists."""
 
-    frac: float  # γ: share of clients per round
-    local_epochs: int
-    batch_size: int
-    optimizer: str  # a key of OPTIMIZERS
-    lr: float
-    momentum: float | None  # sgd only
-    betas: tuple[float, float] | None  # adam only
-    weight_decay: float
-    augment: bool  # batched crop + flip where the dataset defines it
-    eval_batch_size: int  # batch of inference passes (evaluation, LID, per-sample losses)
+    frac: float = key("γ: share of clients sampled per round", rule(number, lambda v: 0.0 < v <= 1.0,
+                                                                       "a fraction in (0, 1]"))
+    local_epochs: int = key("local epochs per round", rule(integer, 1))
+    batch_size: int = key("local mini-batch size", rule(integer, 1))
+    optimizer: str = key("local optimiser of every method (a method's stage values override lr / weight_decay)",
+                         rule(choice, OPTIMIZERS))
+    lr: float = key("local learning rate", rule(number, lambda v: v > 0, "a learning rate > 0"))
+    momentum: float | None = key("SGD momentum (sgd only: null with adam)", rule(
+        number, lambda v: 0.0 <= v < 1.0, "a momentum in [0, 1)", optional=True))
+    betas: tuple[float, float] | None = key("Adam's (β1, β2) (adam only: null with sgd)", rule(_betas))
+    weight_decay: float = key("L2 added to the gradient (coupled, as torch's SGD and Adam)",
+                              rule(number, lambda v: v >= 0, "a weight decay >= 0"))
+    augment: bool = key("batched random crop + flip where the dataset defines it", rule(flag))
+    eval_batch_size: int = key("batch of inference passes (evaluation, LID, per-sample losses)", rule(integer, 1))
+
+    @staticmethod
+    def relations(node, prefix: str) -> None:
+        """The key the chosen optimiser reads may not be null (the other one may)."""
+        read = OPTIMIZERS.get(node.get("optimizer"))
+        if read in node and node[read] is None:
+            rule_of = {f.name: f.metadata["check"] for f in fields(FLSettings)}[read]
+            rule_of.required(prefix + read, None)
 
     def optim(self, **overrides) -> Optim:
         """The local optimiser of these settings. A method's stage-specific values (``lr``,
@@ -105,6 +123,10 @@ class FLSettings:
         """Keyword arguments of ``engine.local_train`` / ``engine.train_from_global``."""
         return {"epochs": self.local_epochs, "batch_size": self.batch_size, "optim": self.optim(),
                 "augment": self.augment}
+
+
+#: the shared local-training settings (the ``fl`` group) a method YAML may pin per dataset
+FL_FIELDS = tuple(f.name for f in fields(FLSettings))
 
 
 @dataclass(frozen=True)
