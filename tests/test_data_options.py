@@ -282,3 +282,31 @@ def test_a_damaged_image_cache_is_moved_aside_with_one_warning_and_rebuilt(tmp_p
     assert (cache.parent / f"{cache.name}.corrupt").stat().st_size == 200 and cache.stat().st_size > 200
     assert np.array_equal(again.x_train.numpy(), first.x_train.numpy())
     assert np.array_equal(again.y_train.numpy(), first.y_train.numpy())
+
+
+# ---------------------------------------------------------------------------------------------
+# each loader's declaration is its signature: one key per keyword argument, each with a doc and a check
+
+
+@pytest.mark.parametrize("loader", [sources.digits, sources.cifar10, sources.cifar100, sources.folder,
+                                    sources.synthetic, sources.clothing1m], ids=lambda fn: fn.__name__)
+def test_each_loader_declares_exactly_its_keyword_arguments(loader):
+    import dataclasses
+    import inspect
+
+    fields = dataclasses.fields(loader.options)
+    assert [f.name for f in fields if f.name] and {f.name for f in fields} == set(inspect.signature(loader).parameters)
+    for f in fields:
+        assert f.metadata["doc"] and f.metadata["check"] is not None, f.name
+
+
+def test_an_undeclared_loader_is_checked_against_its_signature(monkeypatch):
+    def mine(name: str = "mine", depth: int = 1):
+        raise AssertionError("not called by the checks")
+
+    monkeypatch.setattr(sources, "mine", mine, raising=False)
+    ok = {"_target_": "fedlnl.datasets.sources.mine", "family": "mine", "depth": 2}
+    check_options(ok, {"kind": "iid"}, {"kind": "symmetric", "rho": 0.0, "tau": 0.0})
+    with pytest.raises(ValueError, match=r"^dataset.width=3 is invalid: allowed the keys of "
+                                         r"fedlnl.datasets.sources.mine: name, depth$"):
+        check_options({**ok, "width": 3}, {"kind": "iid"}, {"kind": "symmetric", "rho": 0.0, "tau": 0.0})

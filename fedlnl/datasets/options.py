@@ -2,20 +2,23 @@
 
 ``check_options`` raises the one-line ``ConfigError`` (a ValueError) of ``fedlnl.conf.checks``,
 ``"KEY=VALUE is invalid: allowed ..."``, for the first bad option: unknown keys, kinds, shares, concentrations, integer counts, map entries, mixed
-groups, image sizes and the loaders' own keys (read from the loader's signature). A partition or
+groups, image sizes and the loaders' own keys (each loader's declaration, ``loader_options``). A partition or
 noise kind's keys and checks are those it registered (``kinds``), with the helpers below. Data-dependent
 conditions (enough samples per client, class names of a map, files) are checked when the federation
 is built.
 """
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from typing import Any, Mapping
 
 from omegaconf import DictConfig, OmegaConf
 
 from fedlnl.conf import checks
-from fedlnl.conf.checks import fail, integer, number  # noqa: F401 (the kinds' checks import them from here)
+from fedlnl.conf.checks import check_node, fail, integer, number  # noqa: F401 (the kinds' checks import them from here)
+
+from .loader_options import DatasetNode
 
 from . import kinds
 
@@ -61,90 +64,47 @@ def _kind(group: str, cfg: dict, registered: dict) -> kinds.Kind:
 
 
 def check_dataset(ds: dict) -> None:
+    """The loader's declared options (``loader_options``); a loader without a declaration (one of
+    your own): the keys of its signature."""
     target = ds.get("_target_")
     if not isinstance(target, str) or not target:
         fail("dataset._target_", target, "a loader such as fedlnl.datasets.sources.folder")
-    params = _loader_params(target)
-    if params is not None:
-        unknown = sorted(set(ds) - {"_target_", "family"} - set(params))  # family: the methods' table column
-        if unknown:
-            fail(f"dataset.{unknown[0]}", ds[unknown[0]], f"the keys of {target}: {', '.join(params)}")
-    for key, value in ds.items():
-        rule = _DATASET_RULES.get((target.rsplit(".", 1)[-1], key)) or _DATASET_RULES.get(("*", key))
-        if rule is not None and not rule[0](value):
-            fail(f"dataset.{key}", value, rule[1])
+    loader = _loader(target)
+    if loader is None:
+        return
+    node = {k: v for k, v in ds.items() if k not in ("_target_", *_fields(DatasetNode))}
+    check_node(DatasetNode, ds, "dataset.")
+    declared = getattr(loader, "options", None)
+    if declared is not None:
+        check_node(declared, node, "dataset.", closed=target)
+        return
+    params = _signature_keys(loader)
+    unknown = sorted(set(node) - set(params or node))
+    if unknown:
+        fail(f"dataset.{unknown[0]}", ds[unknown[0]], f"the keys of {target}: {', '.join(params)}")
 
 
-def _loader_params(target: str) -> tuple[str, ...] | None:
-    """The keyword arguments of the loader (None when it cannot be imported: Hydra reports that)."""
+def _loader(target: str):
+    """The loader function (None when it cannot be imported: Hydra reports that)."""
     from hydra.utils import get_method
 
     try:
-        fn = get_method(target)
+        return get_method(target)
     except Exception:  # noqa: BLE001  (an unknown target: left to the loader's own error)
         return None
+
+
+def _signature_keys(fn) -> tuple[str, ...] | None:
+    """The keyword arguments of an undeclared loader (None: it takes any keyword)."""
     params = inspect.signature(fn).parameters.values()
     if any(p.kind == inspect.Parameter.VAR_KEYWORD for p in params):
-        return None  # takes any keyword
+        return None
     kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
     return tuple(p.name for p in params if p.kind in kinds)
 
 
-_int = checks.is_int
-_num = checks.is_number
-
-
-def _size(v) -> bool:
-    return v is None or _int(v, 1) or (isinstance(v, list) and len(v) == 2 and all(_int(x, 1) for x in v))
-
-
-def _stats(v) -> bool:
-    return v is None or (isinstance(v, list) and len(v) >= 1 and all(_num(x) for x in v))
-
-
-def _augment(v) -> bool:
-    if v is None:
-        return True
-    if not isinstance(v, dict) or set(v) - {"crop", "pad", "flip"}:
-        return False
-    return (_int(v.get("crop", 1), 1) and _int(v.get("pad", 0), 0)
-            and isinstance(v.get("flip", False), bool))
-
-
-def _path(v) -> bool:
-    return isinstance(v, str) and bool(v.strip()) and v != "???"
-
-
-_SIZE = "an integer >= 1, a pair [H, W] of integers >= 1, or null"
-_DATASET_RULES = {
-    ("*", "name"): (lambda v: isinstance(v, str) and bool(v), "a non-empty name"),
-    ("*", "root"): (_path, "a folder path (set dataset.root=DIR)"),
-    ("*", "cache_dir"): (lambda v: v is None or _path(v), "a folder path or null"),
-    ("*", "download"): (lambda v: isinstance(v, bool), "true or false"),
-    ("*", "mean"): (_stats, "a list of per-channel numbers or null"),
-    ("*", "std"): (lambda v: _stats(v) and (v is None or all(x > 0 for x in v)),
-                   "a list of per-channel numbers > 0 or null"),
-    ("*", "augment"): (_augment, "null or {crop: int >= 1, pad: int >= 0, flip: true|false}"),
-    ("*", "workers"): (lambda v: v is None or _int(v, 0), "an integer >= 0 or null"),
-    ("*", "skip_corrupt"): (lambda v: isinstance(v, bool), "true or false"),
-    ("*", "order_labels"): (lambda v: v is None or _path(v), "a .pt/.npy/.npz file or null"),
-    ("*", "order_labels_key"): (lambda v: isinstance(v, str) and bool(v), "a key name"),
-    ("*", "size"): (_size, _SIZE),
-    ("*", "max_train"): (lambda v: v is None or _int(v, 1), "an integer >= 1 or null"),
-    ("*", "max_test"): (lambda v: v is None or _int(v, 1), "an integer >= 1 or null"),
-    ("*", "subsample_seed"): (lambda v: _int(v, 0), "an integer >= 0"),
-    ("*", "split_seed"): (lambda v: _int(v, 0), "an integer >= 0"),
-    ("*", "seed"): (lambda v: _int(v, 0), "an integer >= 0"),
-    ("clothing1m", "test_size"): (lambda v: v is not None and _size(v), "an integer >= 1 or a pair [H, W]"),
-    ("digits", "test_size"): (lambda v: (_num(v) and not isinstance(v, int) and 0 < v < 1) or _int(v, 1),
-                              "a fraction in (0, 1) or a number of test images >= 1"),
-    ("synthetic", "n_train"): (lambda v: _int(v, 1), "an integer >= 1"),
-    ("synthetic", "n_test"): (lambda v: _int(v, 1), "an integer >= 1"),
-    ("synthetic", "num_classes"): (lambda v: _int(v, 1), "an integer >= 1"),
-    ("synthetic", "channels"): (lambda v: _int(v, 1), "an integer >= 1"),
-    ("synthetic", "size"): (lambda v: _int(v, 1), "an integer >= 1"),
-    ("synthetic", "noise"): (lambda v: _num(v) and v >= 0, "a pixel noise std >= 0"),
-}
+def _fields(decl) -> tuple[str, ...]:
+    return tuple(f.name for f in dataclasses.fields(decl))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """Dataset loaders: each returns a ``types.Source`` (uint8 NCHW images, int64 labels).
 
-Hydra calls a loader with every key of its ``conf/dataset/<name>.yaml`` (besides ``_target_``) as a
-keyword argument. Training images keep the original dataset order (torchvision order for CIFAR);
+Hydra calls a loader with every key of its ``conf/dataset/<name>.yaml`` (besides ``_target_`` and
+``family``) as a keyword argument; ``@options`` names the declaration of those keys (``loader_options``). Training images keep the original dataset order (torchvision order for CIFAR);
 the ``folder`` loader yields class-sorted order unless ``order_labels`` restores the original one.
 Every data problem (missing root, empty or malformed tree, undownloadable CIFAR, incomplete release,
 corrupt image) raises ``DataError`` (a ValueError) with a one-line message naming the path;
@@ -22,6 +22,8 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from . import loader_options
+from .loader_options import options
 from .types import UNKNOWN_LABEL, DataError, DatasetUnavailable, Source, one_line
 
 #: docs/methods/setup.md §1.1: the reference code normalises CIFAR-10 with ImageNet statistics ...
@@ -40,6 +42,7 @@ _CHUNK = 500  # images per decoding task
 # scikit-learn digits (offline default)
 
 
+@options(loader_options.Digits)
 def digits(name: str = "digits", test_size: float = 0.2, split_seed: int = 0) -> Source:
     """scikit-learn's 8x8 digits: a fixed stratified split (``split_seed``, not the run seed)."""
     from sklearn.datasets import load_digits
@@ -57,6 +60,7 @@ def digits(name: str = "digits", test_size: float = 0.2, split_seed: int = 0) ->
 # CIFAR via torchvision
 
 
+@options(loader_options.Cifar)
 def cifar10(
     name: str = "cifar10",
     root: str = "~/data",
@@ -71,6 +75,7 @@ def cifar10(
     return _torchvision_cifar(CIFAR10, name, root, download, mean, std, augment)
 
 
+@options(loader_options.Cifar)
 def cifar100(
     name: str = "cifar100",
     root: str = "~/data",
@@ -123,6 +128,7 @@ def _open_torchvision(cls, root: Path, download: bool):
 # image folder: root/{train,test}/<class>/*.{jpg,jpeg,png}
 
 
+@options(loader_options.Folder)
 def folder(
     name: str = "folder",
     root: str = "",
@@ -399,6 +405,7 @@ def _read_labels(path: Path, key: str) -> np.ndarray:
 # synthetic Gaussian blobs
 
 
+@options(loader_options.Synthetic)
 def synthetic(
     name: str = "synthetic",
     n_train: int = 2000,
@@ -499,6 +506,7 @@ CLOTHING1M_AUGMENT = {"crop": 224, "pad": 0, "flip": True}
 _CLOTHING1M_CACHE_VERSION = "clothing1m-v2"  # v2: + kept positions (skip_corrupt)
 
 
+@options(loader_options.Clothing1M)
 def clothing1m(
     name: str = "clothing1m",
     root: str = "",
