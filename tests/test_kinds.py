@@ -1,4 +1,4 @@
-"""A new partition kind and a new noise kind are each one registered function plus one YAML: they
+"""A new partition kind and a new noise kind are each one registered function (with its options) plus one YAML: they
 compose, are validated, run at tiny size and get labels in a report table, with no other file edited."""
 from __future__ import annotations
 
@@ -6,13 +6,17 @@ import numpy as np
 import pytest
 
 from conftest import compose_cfg
+from dataclasses import dataclass
+
+from fedlnl.conf.checks import key, number, rule
 from fedlnl.datasets import kinds
-from fedlnl.datasets.noise import check_levels, pick_noisy
-from fedlnl.datasets.options import number
+from fedlnl.datasets.noise import LevelOptions, pick_noisy
 
 
-def _halves_check(part: dict) -> None:
-    number("partition.first", part.get("first"), lambda v: 0 < v < 1, "a share in (0, 1)")
+@dataclass(frozen=True)
+class HalvesOptions(kinds.KindOptions):
+    first: float = key("share of the training set held by client 0",
+                       rule(number, lambda v: 0 < v < 1, "a share in (0, 1)"), required=True)
 
 
 def halves(labels, num_clients, rng, first):
@@ -43,9 +47,9 @@ def kind_yamls(conf, partition: str, options: str, noise: str):
 @pytest.fixture
 def toy_kinds(tmp_path):
     """The two functions registered, the two YAMLs in a config folder of their own."""
-    kinds.partition_kind("halves", keys=("first",), check=_halves_check, setting=("first",),
+    kinds.partition_kind("halves", options=HalvesOptions, setting=("first",),
                          label=lambda s, fmt: f"halves ({fmt(s.get('first'))})")(halves)
-    kinds.noise_kind("to_zero", keys=("rho", "tau", "rho_tau"), check=check_levels,
+    kinds.noise_kind("to_zero", options=LevelOptions,
                      share=lambda lo, hi, noise, m, classes: (lo + hi) / 2 * (1 - 1 / m))(to_zero)
     yield kind_yamls(tmp_path / "conf", "halves", "first: 0.5", "to_zero")
     kinds.unregister("partition", "halves")
@@ -108,7 +112,7 @@ def summary_of(run_dir):
 def test_a_noise_kind_without_a_share_has_no_nominal_rate_and_says_why():
     from fedlnl.datasets.noise import nominal_rate, nominal_rate_problem
 
-    kinds.noise_kind("to_zero_unrated", keys=("rho", "tau"), check=check_levels)(to_zero)
+    kinds.noise_kind("to_zero_unrated", options=LevelOptions)(to_zero)
     try:
         noise = {"kind": "to_zero_unrated", "rho": 0.5, "tau": 0.2}
         assert nominal_rate(noise, 10) is None
@@ -120,20 +124,28 @@ def test_a_noise_kind_without_a_share_has_no_nominal_rate_and_says_why():
 
 
 OUTSIDE_MODULE = '''"""A researcher's own kinds, in a package of their own: registered on import."""
+from dataclasses import dataclass
+
 import numpy as np
 
-from fedlnl.datasets.kinds import noise_kind, partition_kind
-from fedlnl.datasets.noise import LEVEL_KEYS, check_levels, pick_noisy
+from fedlnl.conf.checks import key
+from fedlnl.datasets.kinds import KindOptions, noise_kind, partition_kind
+from fedlnl.datasets.noise import LevelOptions, pick_noisy
 
 
-@partition_kind("blocks", keys=("shift",), setting=("shift",), label=lambda s, fmt: f"blocks+{fmt(s.get('shift'))}")
+@dataclass(frozen=True)
+class BlocksOptions(KindOptions):
+    shift: int = key("clients the blocks are rotated by")
+
+
+@partition_kind("blocks", options=BlocksOptions, setting=("shift",), label=lambda s, fmt: f"blocks+{fmt(s.get('shift'))}")
 def blocks(labels, num_clients, rng, shift):
     """Contiguous index blocks, rotated by ``shift`` clients (no randomness)."""
     parts = np.array_split(np.arange(len(labels)), num_clients)
     return [np.sort(parts[(k + shift) % num_clients]).astype(np.int64) for k in range(num_clients)]
 
 
-@noise_kind("to_last", keys=LEVEL_KEYS, check=check_levels,
+@noise_kind("to_last", options=LevelOptions,
             share=lambda lo, hi, noise, m, classes: (lo + hi) / 2 * (1 - 1 / m))
 def to_last(flip, ix, mu):
     chosen = pick_noisy(ix, mu, "exact", flip.rng)

@@ -13,7 +13,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from fedlnl.benchmark.runkeys import NAME_MAX, Federation, Logger, RunKeys, Tune  # noqa: F401 (NAME_MAX: read from here)
 from fedlnl.benchmark.selection import SelectionSettings
-from fedlnl.conf.checks import ConfigError, check_node, fail, is_number  # noqa: F401 (ConfigError: imported from here)
+from fedlnl.conf.checks import ConfigError, check_node  # noqa: F401 (ConfigError: imported from here by the benchmark)
 from fedlnl.datasets.options import check_options
 from fedlnl.methods.common.protocol import FLSettings
 
@@ -34,36 +34,13 @@ def check_fl(values, prefix: str) -> None:
     check_node(FLSettings, dict(values), prefix)
 
 
-def _pair(cfg, key: str, names: tuple[str, str]) -> None:
-    """A zipped pair ``[a, b]`` and its two keys must agree: ``noise.rho_tau=[0.6,0.5] noise.rho=0.2``
-    is a contradiction, not a silent override."""
-    group, name = key.split(".")
-    node = cfg.get(group)
-    if not isinstance(node, DictConfig):
-        return
-    raw = node._get_node(name) if name in node else None
-    if raw is None or raw._is_none():
-        return
-    pair = node[name]
-    if not isinstance(pair, (list, ListConfig)) or len(pair) != 2 or not all(is_number(v) for v in pair):
-        fail(key, OmegaConf.to_container(pair) if isinstance(pair, ListConfig) else pair,
-             f"a pair [{names[0]}, {names[1]}] of numbers or null")
-    for i, sub in enumerate(names):
-        value = node.get(sub)
-        if value != pair[i]:
-            raise ConfigError(f"{group}.{sub}={value!r} contradicts {key}={list(pair)!r}: "
-                              f"set either the pair or {group}.{names[0]}/{group}.{names[1]}, not both")
-
-
 def validate(cfg: DictConfig, num_train: int | None = None) -> None:
     """Raise ConfigError naming the key, the value and the allowed range."""
     for path, decl in NODES:
         node = cfg if not path else cfg.get(path)
         if isinstance(node, DictConfig):
             check_node(decl, declared_values(node, decl), f"{path}." if path else "")
-    _pair(cfg, "noise.rho_tau", ("rho", "tau"))
-    _pair(cfg, "partition.p_alpha", ("p", "alpha"))
-    try:  # each partition / noise kind's own keys and checks (its registration), and the dataset's
+    try:  # the partition and noise kinds' declared options, and the dataset loader's
         check_options(cfg.dataset, cfg.partition, cfg.noise)
     except ConfigError:
         raise

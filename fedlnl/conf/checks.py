@@ -114,16 +114,18 @@ def allowed(check: Callable) -> str:
 # ------------------------------------------------------------------------------ declarations
 def key(doc: str, check: Callable[[str, object], None] | None = None, **metadata):
     """One declared config key: its one-line ``doc`` and its ``check`` (a ``rule``); the field's
-    annotation is its type. Every declaration (a method's ``Params``, the run keys, the ``fl`` group,
+    annotation is its type. ``required=True``: an absent key is checked as null (so refused unless
+    its rule allows null); other keys are checked where present. ``read_if=lambda node: ...``: the
+    key is read (so checked) only in the configurations where this holds. Every declaration (a method's ``Params``, the run keys, the ``fl`` group,
     a dataset loader's options, a partition or noise kind's options) is a dataclass of these."""
     default = metadata.pop("default", dataclasses.MISSING)
     return dataclasses.field(default=default, metadata={"doc": doc, "check": check, **metadata})
 
 
-def check_node(decl, node: Mapping, prefix: str, closed: str | None = None) -> None:
+def check_node(decl, node: Mapping, prefix: str, closed: str | None = None, partial: bool = False) -> None:
     """Check a config node against its declaration: with ``closed`` (what the node is, for the
-    message), a key the declaration lacks is refused; each declared key present is checked by its
-    rule; then ``decl.relations(node, prefix)`` (checks that relate keys) when the declaration has it."""
+    message), a key the declaration lacks is refused; each declared key present (or required) is
+    checked by its rule; then ``decl.relations(node, prefix)`` (checks that relate keys) when the declaration has it."""
     fields = dataclasses.fields(decl)
     if closed is not None:
         names = [f.name for f in fields]
@@ -131,7 +133,9 @@ def check_node(decl, node: Mapping, prefix: str, closed: str | None = None) -> N
         if unknown:
             fail(f"{prefix}{unknown[0]}", node[unknown[0]], f"the keys of {closed}: {', '.join(names)}")
     for f in fields:
-        if f.name in node and f.metadata.get("check") is not None:
-            f.metadata["check"](prefix + f.name, node[f.name])
-    if hasattr(decl, "relations"):
+        if f.metadata.get("read_if") is not None and not f.metadata["read_if"](node):
+            continue  # a key this configuration does not read (iid's sigma with equal sizes)
+        if f.metadata.get("check") is not None and (f.name in node or (f.metadata.get("required") and not partial)):
+            f.metadata["check"](prefix + f.name, node.get(f.name))
+    if hasattr(decl, "relations") and not partial:
         decl.relations(node, prefix)

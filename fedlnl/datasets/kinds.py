@@ -2,15 +2,16 @@
 that implements it (``@partition_kind`` in partition.py, ``@noise_kind`` in noise.py), and the
 declaration carries everything the rest of the suite reads about the kind:
 
-- ``keys``: the config keys it takes besides ``kind`` (the option checks refuse any other key);
-- ``check``: its own option checks, ``check(node)`` on the plain config node, raising the one-line
-  ``ValueError("KEY=VALUE is invalid: allowed ...")``;
+- ``options``: the declaration of its config keys, a frozen dataclass subclassing ``KindOptions``
+  whose fields are built with ``fedlnl.conf.checks.key`` (type, check, one-line doc; ``required=True``
+  where the kind needs the key) and whose ``relations(node, prefix)`` checks what relates keys; the
+  option checks refuse any other key, and the docs' key tables list them;
 - ``setting``: the keys that name its setting in a run's ``setting`` (``summary.json``; the report
   groups runs by them), and ``setting_of(node)`` when they are not plain copies of config keys;
 - ``label``: its report column label, ``label(setting, fmt)`` (``fmt`` formats one value); a noise
   kind on Eq. 4's levels is labelled by its (rho, tau) instead.
 
-A new kind is therefore one decorated function plus its YAML (``conf/partition/<kind>.yaml`` or
+A new kind is therefore one decorated function (and its options class) plus its YAML (``conf/partition/<kind>.yaml`` or
 ``conf/noise/<kind>.yaml`` with ``kind: <kind>``). A kind defined in a package of its own registers
 when its module is imported: the package names that module in the ``fedlnl.kinds`` entry-point group
 (``ENTRY_POINTS``), which every process (runner, report, sweep workers) loads on the first lookup.
@@ -22,9 +23,11 @@ Pure Python on purpose: the report reads labels and setting keys from here witho
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from importlib.metadata import entry_points
 from typing import Any, Callable, Mapping
+
+from fedlnl.conf.checks import key
 
 #: the modules that define the built-in kinds, imported on the first lookup
 BUILTIN_MODULES = ("fedlnl.datasets.partition", "fedlnl.datasets.noise")
@@ -60,8 +63,7 @@ class Kind:
 
     name: str
     fn: Callable
-    keys: tuple[str, ...] = ()
-    check: Callable[[dict], None] | None = None
+    options: type = None  # KindOptions (the declaration of its keys); set by the decorators
     setting: tuple[str, ...] = ()
     setting_of: Callable[[Mapping], dict] | None = None
     label: Callable[[Mapping, Callable[[Any], str]], str] | None = None
@@ -70,6 +72,11 @@ class Kind:
     groups: Callable[[Mapping], list] | None = None
     real: Callable[[Mapping], float | None] | None = None
     space: Callable | None = None
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        """Its config keys besides ``kind``."""
+        return tuple(f.name for f in fields(self.options) if f.name != "kind")
 
     @property
     def levels(self) -> bool:
@@ -92,13 +99,20 @@ _loaded = False
 _outside_loaded = False
 
 
+@dataclass(frozen=True)
+class KindOptions:
+    """Base of a kind's options: ``kind`` (its name, checked against the registry first)."""
+
+    kind: str = key("the kind's name")
+
+
 def _register(table: dict[str, Kind], what: str, name: str, **spec) -> Callable:
     def decorator(fn: Callable) -> Callable:
         _builtins()  # the built-in kinds first, so they lead every list of allowed kinds
         if name in table and table[name].fn is not fn:
             raise ValueError(f"{what} kind {name!r} is registered twice ({table[name].fn.__module__} and "
                              f"{fn.__module__})")
-        table[name] = Kind(name=name, fn=fn, **spec)
+        table[name] = Kind(name=name, fn=fn, **{"options": KindOptions, **spec})
         return fn
     return decorator
 

@@ -62,17 +62,19 @@ registry without it.
 from __future__ import annotations
 
 import inspect
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Mapping
 
 import numpy as np
 from scipy.special import ndtr, ndtri
 
-from .kinds import noise_kind
+from fedlnl.conf.checks import flag, key, rule
+
+from .kinds import KindOptions, noise_kind
 from .kinds import noises as _noises
 from .labelmaps import CIFAR100_COARSE, CIFAR100_COARSE_CLASSES, NAMED_MAPS, resolve_map
-from .options import fail, number, one_of
+from .options import check_pair, fail, pair, number, one_of
 from .types import UNKNOWN_LABEL, DataError, Oracle, Source
 
 if TYPE_CHECKING:
@@ -231,29 +233,83 @@ def client_noise_levels(num_clients: int, rho: float, tau: float, rng: np.random
 # ---------------------------------------------------------------------------------------------
 # the kinds on Eq. 4's levels: (flip, one noisy client's indices, mu_k) -> (chosen, new labels)
 
-#: keys of a kind on Eq. 4's levels (besides ``kind``; fidelity and rho_tau are switch/sweep conveniences)
-LEVEL_KEYS = ("rho", "tau", "rho_tau", "fidelity")
+def _share(v) -> bool:
+    return 0 <= v <= 1
 
 
-def check_levels(noise: dict) -> None:
-    """rho and tau of Eq. 4, then the kind's switches (``check_switches``)."""
-    number("noise.rho", noise.get("rho"), _share, "a share in [0, 1]")
-    number("noise.tau", noise.get("tau"), _share, "a noise level in [0, 1]")
-    check_switches(noise)
+def _rho(**kw):
+    return key("ρ: share of noisy clients (Eq. 4)", rule(number, _share, "a share in [0, 1]"), required=True, **kw)
 
 
-def check_switches(noise: dict) -> None:
-    """The switches of the built-in kinds, each checked where present (the kind's keys say which)."""
-    if "count" in noise:
-        one_of("noise.count", noise["count"], COUNTS)
-    if "label_range" in noise:
-        one_of("noise.label_range", noise["label_range"], LABEL_RANGES)
-    if "exclude_true" in noise and not isinstance(noise["exclude_true"], bool):
-        fail("noise.exclude_true", noise["exclude_true"], "true or false")
-    if "std" in noise:
-        number("noise.std", noise["std"], lambda v: v >= 0, "a standard deviation >= 0")
-    if "map" in noise:
-        check_map(noise["map"])
+def _tau(**kw):
+    return key("τ: lower bound of a noisy client's level μ_k = τ + (1 - τ) u_k (Eq. 4)",
+               rule(number, _share, "a noise level in [0, 1]"), required=True, **kw)
+
+
+def _fidelity():
+    return key("the noise switches' own fidelity (paper | reference), apart from the method's",
+               rule(one_of, ("paper", "reference")))
+
+
+def _count():
+    return key("exact: round(μ_k n_k) samples flip; bernoulli: a coin per sample", rule(one_of, COUNTS))
+
+
+def _label_range():
+    return key("new labels uniform over all classes, or first10 (the reference code's CIFAR-100 bug)",
+               rule(one_of, LABEL_RANGES))
+
+
+def _exclude_true():
+    return key("true: the new label is never the true one", rule(flag))
+
+
+def _map():
+    return key("class map of asymmetric noise: a named map or {source class: destination class}",
+               rule(lambda k, v: check_map(v)))
+
+
+def _std():
+    return key("std of the per-sample flip probability around μ_k (instance noise)",
+               rule(number, lambda v: v >= 0, "a standard deviation >= 0"))
+
+
+@dataclass(frozen=True)
+class LevelOptions(KindOptions):
+    """The keys of a kind on Eq. 4's levels (rho_tau and fidelity: sweep and switch conveniences)."""
+
+    rho_tau: list[float] | None = key("optional pair [rho, tau] (zipped sweeps); null: rho and tau apply",
+                                      pair(("rho", "tau")))
+    rho: float = _rho()
+    tau: float = _tau()
+    fidelity: str = _fidelity()
+
+    @staticmethod
+    def relations(node, prefix: str) -> None:
+        check_pair(node, prefix, "rho_tau", ("rho", "tau"))
+
+
+@dataclass(frozen=True)
+class SymmetricOptions(LevelOptions):
+    count: str = _count()
+    label_range: str = _label_range()
+    exclude_true: bool = _exclude_true()
+
+
+@dataclass(frozen=True)
+class PairflipOptions(LevelOptions):
+    count: str = _count()
+
+
+@dataclass(frozen=True)
+class AsymmetricOptions(LevelOptions):
+    count: str = _count()
+    map: str | dict = _map()
+
+
+@dataclass(frozen=True)
+class InstanceOptions(LevelOptions):
+    std: float = _std()
 
 
 def check_map(spec) -> None:
@@ -270,23 +326,18 @@ def check_map(spec) -> None:
                 fail(f"noise.map.{a}", b, "class indices >= 0 or class names on both sides")
 
 
-def _share(v) -> bool:
-    return 0 <= v <= 1
-
-
 def _symmetric_share(lo, hi, noise, m, classes) -> float:
     """A uniform redraw keeps the true class w.p. 1/M (also for first10)."""
     return (lo + hi) / 2.0 * (1.0 if noise.get("exclude_true") else 1.0 - 1.0 / m)
 
 
-@noise_kind("symmetric", keys=LEVEL_KEYS + ("count", "label_range", "exclude_true"), check=check_levels,
-            group=True, share=_symmetric_share)
+@noise_kind("symmetric", options=SymmetricOptions, group=True, share=_symmetric_share)
 def symmetric(flip: _Flipper, ix: np.ndarray, mu: float):
     chosen = pick_noisy(ix, mu, flip.count, flip.rng)
     return chosen, symmetric_labels(flip.y[chosen], flip.m, flip.label_range, flip.exclude_true, flip.rng)
 
 
-@noise_kind("pairflip", keys=LEVEL_KEYS + ("count",), check=check_levels, group=True,
+@noise_kind("pairflip", options=PairflipOptions, group=True,
             share=lambda lo, hi, noise, m, classes: (lo + hi) / 2.0 if m > 1 else 0.0)
 def pairflip(flip: _Flipper, ix: np.ndarray, mu: float):
     return mapped(flip, ix, mu, flip.dest("next"))
@@ -298,7 +349,7 @@ def _asymmetric_share(lo, hi, noise, m, classes) -> float:
     return (lo + hi) / 2.0 * float((dest >= 0).sum()) / m
 
 
-@noise_kind("asymmetric", keys=LEVEL_KEYS + ("count", "map"), check=check_levels, setting=("map",),
+@noise_kind("asymmetric", options=AsymmetricOptions, setting=("map",),
             group=True, share=_asymmetric_share)
 def asymmetric(flip: _Flipper, ix: np.ndarray, mu: float):
     return mapped(flip, ix, mu, flip.dest(flip.map_spec))
@@ -318,7 +369,7 @@ def _instance_share(lo, hi, noise, m, classes) -> float:
     return float(np.mean([truncated_normal_mean(mu, std) for mu in grid]))
 
 
-@noise_kind("instance", keys=LEVEL_KEYS + ("std",), check=check_levels, setting=("std",), group=True,
+@noise_kind("instance", options=InstanceOptions, setting=("std",), group=True,
             share=_instance_share)
 def instance(flip: _Flipper, ix: np.ndarray, mu: float):
     return ix, flip.instance(ix, mu)
@@ -329,13 +380,26 @@ def group_kinds() -> tuple[str, ...]:
     return ("clean",) + tuple(name for name, spec in _noises().items() if spec.group)
 
 
-def _check_mixed(noise: dict) -> None:
-    if noise.get("rho") is not None:
-        fail("noise.rho", noise["rho"], "null (noise=mixed: the groups' shares say which clients are noisy)")
-    if noise.get("tau") is not None:
-        number("noise.tau", noise["tau"], _share, "a noise level in [0, 1] or null")
-    check_groups(noise.get("groups"))
-    check_switches(noise)
+def _null_rho(key: str, value) -> None:
+    if value is not None:
+        fail(key, value, "null (noise=mixed: the groups' shares say which clients are noisy)")
+
+
+@dataclass(frozen=True)
+class MixedOptions(KindOptions):
+    """FNBench-style client groups, each of a kind on Eq. 4's levels; the groups' kinds' switches."""
+
+    rho: None = key("null: the groups' shares say which clients are noisy", rule(_null_rho))
+    tau: float | None = key("τ: the lower level of a group without its own level", rule(
+        number, _share, "a noise level in [0, 1] or null", optional=True))
+    fidelity: str = _fidelity()
+    groups: list[dict] = key("the client groups: a list of {kind, share, level}", rule(
+        lambda k, v: check_groups(v)), required=True)
+    count: str = _count()
+    label_range: str = _label_range()
+    exclude_true: bool = _exclude_true()
+    map: str | dict = _map()
+    std: float = _std()
 
 
 def _mixed_setting(noise) -> dict:
@@ -350,8 +414,7 @@ def _named_label(setting, fmt) -> str:
     return " ".join(fmt(v) for v in (setting.get("noise"), setting.get("label_set")) if v is not None)
 
 
-@noise_kind("mixed", keys=("rho", "tau", "fidelity", "groups", "count", "label_range", "exclude_true", "map", "std"),
-            check=_check_mixed, setting=("groups",), setting_of=_mixed_setting, label=_named_label,
+@noise_kind("mixed", options=MixedOptions, setting=("groups",), setting_of=_mixed_setting, label=_named_label,
             groups=lambda noise: check_groups(noise.get("groups")))
 def mixed(noise: Mapping, num_clients: int, rng: np.random.Generator):
     """(kind per client, mu) of the noise config's ``groups`` (:func:`group_levels`)."""
@@ -601,22 +664,40 @@ def cifarn_space(source: Source, noise: Mapping) -> Source:
                    classes=CIFAR100_COARSE_CLASSES)
 
 
-def _check_cifarn(noise: dict) -> None:
-    one_of("noise.label_set", noise.get("label_set"), (*CIFARN_SETS, "annotators"))
-    weights = noise.get("annotator_weights")
-    if weights is not None:
-        if noise.get("label_set") != "annotators":
-            fail("noise.annotator_weights", weights, "null unless noise.label_set=annotators")
-        if (not isinstance(weights, (list, tuple)) or len(weights) != len(ANNOTATORS)
-                or not all(isinstance(w, (int, float)) and not isinstance(w, bool) and w >= 0 for w in weights)
-                or not sum(weights) > 0):
-            fail("noise.annotator_weights", weights, f"null (balanced) or {len(ANNOTATORS)} weights >= 0 with a "
-                 f"positive sum, one per annotator ({', '.join(ANNOTATORS)})")
-    for key in ("rho", "tau"):
-        if noise.get(key) not in (None, 0, 0.0):
-            fail(f"noise.{key}", noise[key], "null (real noise: no synthetic level)")
-    if not isinstance(noise.get("file"), str) or not noise["file"]:
-        fail("noise.file", noise.get("file"), "a path to the CIFAR-N .pt file or its folder")
+def _no_level(key: str, value) -> None:
+    if value not in (None, 0, 0.0):
+        fail(key, value, "null (real noise: no synthetic level)")
+
+
+def _annotator_weights(key: str, value) -> None:
+    if value is not None and (
+            not isinstance(value, (list, tuple)) or len(value) != len(ANNOTATORS)
+            or not all(isinstance(w, (int, float)) and not isinstance(w, bool) and w >= 0 for w in value)
+            or not sum(value) > 0):
+        fail(key, value, f"null (balanced) or {len(ANNOTATORS)} weights >= 0 with a positive sum, one per "
+             f"annotator ({', '.join(ANNOTATORS)})")
+
+
+@dataclass(frozen=True)
+class CifarnOptions(KindOptions):
+    """Real human noise: a CIFAR-N label set, or one CIFAR-10N annotator's labels per client."""
+
+    label_set: str = key("the CIFAR-N label set (annotators: one annotator's labels per client)",
+                         rule(one_of, (*CIFARN_SETS, "annotators")), required=True)
+    file: str = key("the CIFAR-N .pt file or its folder", rule(
+        lambda k, v: None if isinstance(v, str) and v else fail(k, v, "a path to the CIFAR-N .pt file or its folder")),
+        required=True)
+    rho: None = key("null: real noise has no synthetic level", rule(_no_level))
+    tau: None = key("null: real noise has no synthetic level", rule(_no_level))
+    annotator_weights: list[float] | None = key("label_set annotators: the annotators' assignment weights "
+                                                "(null: balanced)", rule(_annotator_weights))
+
+    @staticmethod
+    def relations(node, prefix: str) -> None:
+        """Weights belong to the annotators label set only."""
+        weights = node.get("annotator_weights")
+        if weights is not None and node.get("label_set") != "annotators":
+            fail(prefix + "annotator_weights", weights, "null unless noise.label_set=annotators")
 
 
 def _cifarn_rate(noise: Mapping) -> float | None:
@@ -627,8 +708,8 @@ def _cifarn_rate(noise: Mapping) -> float | None:
     return float(weights @ [PUBLISHED_RATES[a] for a in ANNOTATORS] / weights.sum())
 
 
-@noise_kind("cifarn", keys=("label_set", "file", "rho", "tau", "annotator_weights"), check=_check_cifarn,
-            setting=("label_set",), label=_named_label, real=_cifarn_rate, space=cifarn_space)
+@noise_kind("cifarn", options=CifarnOptions, setting=("label_set",), label=_named_label, real=_cifarn_rate,
+            space=cifarn_space)
 def cifarn(labels, client_indices, noise: Mapping, clean=None, rng: np.random.Generator | None = None):
     """Real human noise: the CIFAR-N label set ``noise.label_set`` (:func:`human_noise`), or with
     ``annotators`` one annotator's labels per client (:func:`annotator_noise`)."""

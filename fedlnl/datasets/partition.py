@@ -26,12 +26,15 @@ benchmarks (and this module) a client mix per class.
 from __future__ import annotations
 
 import inspect
+from dataclasses import dataclass
 
 import numpy as np
 
-from .kinds import partition_kind
+from fedlnl.conf.checks import key, rule
+
+from .kinds import KindOptions, partition_kind
 from .kinds import partitions as _partitions
-from .options import fail, integer, number, one_of
+from .options import check_pair, fail, pair, integer, number, one_of
 
 #: give up redrawing empty rows of Phi after this many rounds (p is then far too small)
 _MAX_REDRAWS = 100_000
@@ -95,12 +98,18 @@ def quantity_sizes(n: int, num_clients: int, sizes: str, sigma: float, alpha: fl
     return 1 + np.diff(np.concatenate([[0], cuts]))
 
 
-def _check_iid(part: dict) -> None:
-    sizes = one_of("partition.sizes", part.get("sizes", "equal"), SIZES)
-    if sizes == "lognormal":
-        number("partition.sigma", part.get("sigma"), lambda v: v > 0, "a log-normal sigma > 0")
-    if sizes == "dirichlet":
-        number("partition.alpha", part.get("alpha"), lambda v: v > 0, _CONCENTRATION)
+def _concentration(doc: str, **read_if):
+    return key(doc, rule(number, lambda v: v > 0, _CONCENTRATION), required=True, **read_if)
+
+
+@dataclass(frozen=True)
+class IidOptions(KindOptions):
+    sizes: str = key("client sizes: equal, or quantity skew (lognormal, dirichlet)", rule(one_of, SIZES))
+    sigma: float | None = key("log-normal sigma of the sizes (read with sizes lognormal)", rule(
+        number, lambda v: v > 0, "a log-normal sigma > 0"), required=True,
+        read_if=lambda node: node.get("sizes") == "lognormal")
+    alpha: float | None = _concentration("Dirichlet concentration of the sizes (read with sizes dirichlet)",
+                                         read_if=lambda node: node.get("sizes") == "dirichlet")
 
 
 def _iid_setting(part) -> dict:
@@ -111,22 +120,27 @@ def _iid_setting(part) -> dict:
     return {"sizes": sizes, **({"sigma": part.get("sigma")} if sizes == "lognormal" else {"size_alpha": part.get("alpha")})}
 
 
-@partition_kind("iid", keys=("sizes", "sigma", "alpha"), check=_check_iid,
+@partition_kind("iid", options=IidOptions,
                 setting=("sizes", "sigma", "size_alpha"), setting_of=_iid_setting, label=lambda s, fmt: "IID")
 def iid_partition(labels: np.ndarray, num_clients: int, rng: np.random.Generator, **options) -> list[np.ndarray]:
     """:func:`iid` over the training set ``labels`` (only their number matters)."""
     return iid(len(labels), num_clients, rng, **options)
 
 
-def _check_noniid(part: dict) -> None:
-    pair = part.get("p_alpha")
-    if pair is not None and (not isinstance(pair, list) or len(pair) != 2):
-        fail("partition.p_alpha", pair, "a pair [p, alpha] or null")
-    number("partition.p", part.get("p"), lambda v: 0 < v <= 1, "a probability in (0, 1]")
-    number("partition.alpha", part.get("alpha"), lambda v: v > 0, _CONCENTRATION)
+@dataclass(frozen=True)
+class NoniidOptions(KindOptions):
+    p_alpha: list[float] | None = key("optional pair [p, alpha] (zipped sweeps); null: p and alpha apply",
+                                      pair(("p", "alpha")))
+    p: float = key("class-presence probability p", rule(number, lambda v: 0 < v <= 1, "a probability in (0, 1]"),
+                   required=True)
+    alpha: float = _concentration("Dirichlet concentration α_Dir over the present classes")
+
+    @staticmethod
+    def relations(node, prefix: str) -> None:
+        check_pair(node, prefix, "p_alpha", ("p", "alpha"))
 
 
-@partition_kind("noniid", keys=("p", "alpha", "p_alpha"), check=_check_noniid, setting=("p", "alpha"),
+@partition_kind("noniid", options=NoniidOptions, setting=("p", "alpha"),
                 label=lambda s, fmt: f"non-IID ({fmt(s.get('p'))},{fmt(s.get('alpha'))})")
 def noniid(
     labels: np.ndarray,
@@ -178,7 +192,12 @@ def class_assignment(num_clients: int, num_classes: int, p: float, rng: np.rando
     raise ValueError(f"partition.p={p} is too small: some client holds no class after {_MAX_REDRAWS} redraws")
 
 
-@partition_kind("shards", keys=("s",), check=lambda part: integer("partition.s", part.get("s"), 1), setting=("s",))
+@dataclass(frozen=True)
+class ShardsOptions(KindOptions):
+    s: int = key("label-sorted shards per client", rule(integer, 1), required=True)
+
+
+@partition_kind("shards", options=ShardsOptions, setting=("s",))
 def shards(labels: np.ndarray, num_clients: int, rng: np.random.Generator, s: int = 2) -> list[np.ndarray]:
     """McMahan et al. 2017 §3 pathological non-IID: sort the indices by label (stable: original
     order within a class), cut them into N*s contiguous shards, give each client s random shards.
@@ -199,7 +218,12 @@ def shards(labels: np.ndarray, num_clients: int, rng: np.random.Generator, s: in
             for k in range(num_clients)]
 
 
-@partition_kind("classes", keys=("k",), check=lambda part: integer("partition.k", part.get("k"), 1), setting=("k",))
+@dataclass(frozen=True)
+class ClassesOptions(KindOptions):
+    k: int = key("classes per client", rule(integer, 1), required=True)
+
+
+@partition_kind("classes", options=ClassesOptions, setting=("k",))
 def classes(labels: np.ndarray, num_clients: int, rng: np.random.Generator, k: int = 2,
             num_classes: int | None = None) -> list[np.ndarray]:
     """Each client holds exactly k classes ("#C=k", Li et al., ICDE 2022 §4.1); the samples of a
@@ -246,12 +270,13 @@ def class_sets(num_clients: int, num_classes: int, k: int, rng: np.random.Genera
     return held
 
 
-def _check_dirichlet(part: dict) -> None:
-    number("partition.alpha", part.get("alpha"), lambda v: v > 0, _CONCENTRATION)
-    integer("partition.min_size", part.get("min_size", 10), 0)
+@dataclass(frozen=True)
+class DirichletOptions(KindOptions):
+    alpha: float = _concentration("Dirichlet concentration α: smaller is more skewed")
+    min_size: int = key("fewest samples a client may hold (redrawn until met)", rule(integer, 0))
 
 
-@partition_kind("dirichlet", keys=("alpha", "min_size"), check=_check_dirichlet, setting=("alpha", "min_size"),
+@partition_kind("dirichlet", options=DirichletOptions, setting=("alpha", "min_size"),
                 label=lambda s, fmt: f"dirichlet (α={fmt(s.get('alpha'))})")
 def dirichlet(labels: np.ndarray, num_clients: int, rng: np.random.Generator, alpha: float = 0.5,
               min_size: int = 10, num_classes: int | None = None) -> list[np.ndarray]:
