@@ -132,5 +132,5 @@ class Tune:
 
     trials: int = key("trials per method: the equal budget", rule(integer, 1))
     seed: int = key("the TPE sampler's seed (the same for every method)", rule(integer, 0))
-    root: str = key("folder of the tune results", rule(_text))
-    dir: str = key("the study's folder (default: <root>/<name>)", rule(_text))
+    root: str = key("folder of the tune results", rule(_text, allowed="a folder path (text)"))
+    dir: str = key("the study's folder (default: <root>/<name>)", rule(_text, allowed="a folder path (text)"))
