@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fedlnl.conf.checks import flag, integer, number, rule
+from fedlnl.conf.checks import flag, integer, key, number, rule
 
 #: the config path of the settings, in error messages
 PREFIX = "selection."
@@ -29,20 +29,16 @@ WORST = 10
 REPORT_BYTES = 16
 
 
-def _field(doc: str, check):
-    return dataclasses.field(metadata={"doc": doc, "check": check})
-
-
 @dataclass(frozen=True)
 class SelectionSettings:
     """The ``selection`` node of the config; every key checked by the validator before any data."""
 
-    val_share: float = _field("share of each client's noisy training samples held out for validation "
+    val_share: float = key("share of each client's noisy training samples held out for validation "
                               "(round(share * n_k), half up, at most n_k - 1); 0 = none: the papers' protocol",
                               rule(number, lambda v: 0.0 <= v < 1.0, "a share in [0, 1) (0 = no validation set)"))
-    client_test_size: int = _field("images in each client's local test set (the test set sampled to its "
+    client_test_size: int = key("images in each client's local test set (the test set sampled to its "
                                    "training class proportions)", rule(integer, 1))
-    client_every_eval: bool = _field("also write client_acc_mean / client_acc_worst10 / client_gap into every "
+    client_every_eval: bool = key("also write client_acc_mean / client_acc_worst10 / client_gap into every "
                                      "metrics.jsonl row", rule(flag))
 
     def __post_init__(self) -> None:

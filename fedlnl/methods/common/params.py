@@ -1,4 +1,5 @@
-"""Each method's own hyperparameters as one frozen, documented parameter object.
+"""Each method's own hyperparameters as one frozen, documented parameter object (the declaration
+form every config node shares: ``fedlnl.conf.checks.key``).
 
 A method declares ``Params``: a frozen dataclass whose fields are the keys of its YAML
 (``conf/method/<name>.yaml``, where every value lives), each built with ``param(doc, rule)``: one line
@@ -26,7 +27,7 @@ import inspect
 from dataclasses import dataclass
 from typing import Callable, ClassVar, Sequence
 
-from fedlnl.conf.checks import number, rule  # noqa: F401 (rule: the methods write their fields with it)
+from fedlnl.conf.checks import key, number, rule  # noqa: F401 (rule: the methods write their fields with it)
 from fedlnl.methods.common.plans import UpdatePlan, client_size, local_steps
 
 #: the config path a method's own keys are shown under in error messages
@@ -109,8 +110,7 @@ def param(doc: str, check: Callable[[str, object], None] | None = None, *,
     optional ``convert`` applied after the check (``float``, ``int``), its ``search`` space for
     tuning (``Space``; None: not tuned) and, rarely, a ``default`` (the value lives in the YAML; a
     default only keeps older YAML files working)."""
-    return dataclasses.field(default=default, metadata={"doc": doc, "check": check, "convert": convert,
-                                                        "search": search})
+    return key(doc, check, default=default, convert=convert, search=search)
 
 
 def check_rate(key: str, value) -> None:
@@ -122,7 +122,7 @@ def check_rate(key: str, value) -> None:
 def rate(doc: str):
     """A rate field: a share in [0, 1) or ``noise`` (then ``Method.noise_rate_key`` names it, and
     preflight checks the federation's noise rate is known)."""
-    return dataclasses.field(metadata={"doc": doc, "check": check_rate, "convert": None, "rate": True})
+    return key(doc, check_rate, convert=None, rate=True)
 
 
 @dataclass(frozen=True)
