@@ -79,6 +79,8 @@ class RunKeys:
                              rule(flag))
     tuned: str | None = key("the best values of an experiment=tune run, applied as if typed", rule(
         _text, allowed="null or the path of an experiment=tune result (a file or a directory)"))
+    federation: str | None = key("an exported federation (fedlnl-export out=DIR) to run on instead of building one",
+                                 rule(_text, allowed="null or the directory of a fedlnl-export"))
     dry_run: bool = key("print the plan (rounds, participations, steps, bytes) and run nothing", rule(flag))
 
 
