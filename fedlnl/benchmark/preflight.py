@@ -26,6 +26,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from fedlnl.benchmark import compose
 from fedlnl.benchmark.device import seeded_init
+from fedlnl.benchmark.runkeys import SEED_MAX, SEED_RANGE  # noqa: F401 (SEED_RANGE: read from here by the sweeper)
 from fedlnl.benchmark.selection import SelectionSettings
 from fedlnl.benchmark.validate import ConfigError, check_fl, validate
 from fedlnl.datasets import DataError, DatasetUnavailable
@@ -42,11 +43,6 @@ DATA_ERRORS: tuple[type[BaseException], ...] = (FileNotFoundError, DatasetUnavai
 def first_line(err: BaseException) -> str:
     text = str(err).strip()
     return text.splitlines()[0] if text else type(err).__name__
-
-
-#: seeds numpy, torch and the seeded generators all take
-SEED_MAX = 2**63 - 1
-SEED_RANGE = "an integer in [0, 2**63 - 1]"
 
 
 def valid_seed(text: str) -> bool:
