@@ -74,7 +74,7 @@ from fedlnl.conf.checks import flag, key, rule
 from .kinds import KindOptions, noise_kind
 from .kinds import noises as _noises
 from .labelmaps import CIFAR100_COARSE, CIFAR100_COARSE_CLASSES, NAMED_MAPS, resolve_map
-from .options import check_pair, fail, pair, number, one_of
+from .options import check_pair, fail, number, one_of, pair
 from .types import UNKNOWN_LABEL, DataError, Oracle, Source
 
 if TYPE_CHECKING:
