@@ -34,7 +34,7 @@ from fedlnl.conf.checks import key, rule
 
 from .kinds import KindOptions, partition_kind
 from .kinds import partitions as _partitions
-from .options import check_pair, fail, integer, number, one_of, pair
+from .options import check_pair, integer, number, one_of, pair
 
 #: give up redrawing empty rows of Phi after this many rounds (p is then far too small)
 _MAX_REDRAWS = 100_000
