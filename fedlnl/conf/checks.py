@@ -116,8 +116,9 @@ def key(doc: str, check: Callable[[str, object], None] | None = None, **metadata
     """One declared config key: its one-line ``doc`` and its ``check`` (a ``rule``); the field's
     annotation is its type. ``required=True``: an absent key is checked as null (so refused unless
     its rule allows null); other keys are checked where present. ``read_if=lambda node: ...``: the
-    key is read (so checked) only in the configurations where this holds. Every declaration (a method's ``Params``, the run keys, the ``fl`` group,
-    a dataset loader's options, a partition or noise kind's options) is a dataclass of these."""
+    key is read (so checked) only in the configurations where this holds. Every declaration (a
+    method's ``Params``, the run keys, the ``fl`` group, a dataset loader's options, a partition or
+    noise kind's options) is a dataclass of these."""
     default = metadata.pop("default", dataclasses.MISSING)
     return dataclasses.field(default=default, metadata={"doc": doc, "check": check, **metadata})
 
@@ -125,7 +126,8 @@ def key(doc: str, check: Callable[[str, object], None] | None = None, **metadata
 def check_node(decl, node: Mapping, prefix: str, closed: str | None = None, partial: bool = False) -> None:
     """Check a config node against its declaration: with ``closed`` (what the node is, for the
     message), a key the declaration lacks is refused; each declared key present (or required) is
-    checked by its rule; then ``decl.relations(node, prefix)`` (checks that relate keys) when the declaration has it."""
+    checked by its rule; then ``decl.relations(node, prefix)`` (checks that relate keys) when the
+    declaration has it."""
     fields = dataclasses.fields(decl)
     if closed is not None:
         names = [f.name for f in fields]

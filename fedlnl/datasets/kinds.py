@@ -11,12 +11,12 @@ declaration carries everything the rest of the suite reads about the kind:
 - ``label``: its report column label, ``label(setting, fmt)`` (``fmt`` formats one value); a noise
   kind on Eq. 4's levels is labelled by its (rho, tau) instead.
 
-A new kind is therefore one decorated function (and its options class) plus its YAML (``conf/partition/<kind>.yaml`` or
-``conf/noise/<kind>.yaml`` with ``kind: <kind>``). A kind defined in a package of its own registers
-when its module is imported: the package names that module in the ``fedlnl.kinds`` entry-point group
-(``ENTRY_POINTS``), which every process (runner, report, sweep workers) loads on the first lookup.
-The built-in kinds come first, then the others in registration order: the order
-of the ``allowed ...`` lists in errors.
+A new kind is therefore one decorated function (with its options class) plus its YAML
+(``conf/partition/<kind>.yaml`` or ``conf/noise/<kind>.yaml`` with ``kind: <kind>``). A kind defined
+in a package of its own registers when its module is imported: the package names that module in the
+``fedlnl.kinds`` entry-point group (``ENTRY_POINTS``), which every process (runner, report, sweep
+workers) loads on the first lookup. The built-in kinds come first, then the others in registration
+order: the order of the ``allowed ...`` lists in errors.
 
 Pure Python on purpose: the report reads labels and setting keys from here without torch.
 """

@@ -1,11 +1,11 @@
 """Checks of the dataset, partition and noise options before any data is loaded.
 
 ``check_options`` raises the one-line ``ConfigError`` (a ValueError) of ``fedlnl.conf.checks``,
-``"KEY=VALUE is invalid: allowed ..."``, for the first bad option: unknown keys, kinds, shares, concentrations, integer counts, map entries, mixed
-groups, image sizes and the loaders' own keys (each loader's declaration, ``loader_options``). A partition or
-noise kind's keys and checks are its declared options (``Kind.options``), with the helpers below. Data-dependent
-conditions (enough samples per client, class names of a map, files) are checked when the federation
-is built.
+``"KEY=VALUE is invalid: allowed ..."``, for the first bad option. Each node is checked against its
+declaration (``checks.check_node``): a partition or noise kind's options (``Kind.options``, declared
+beside the kind) and the dataset loader's options (``loader_options``, named by ``@options`` on the
+loader). Data-dependent conditions (enough samples per client, class names of a map, files) are
+checked when the federation is built.
 """
 from __future__ import annotations
 
@@ -18,9 +18,8 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from fedlnl.conf import checks
 from fedlnl.conf.checks import check_node, fail, integer, number  # noqa: F401 (the kinds' checks import them from here)
 
-from .loader_options import DatasetNode
-
 from . import kinds
+from .loader_options import DatasetNode
 
 
 def check_options(dataset_cfg: Mapping[str, Any], partition_cfg: Mapping[str, Any],
@@ -36,7 +35,7 @@ def check_options(dataset_cfg: Mapping[str, Any], partition_cfg: Mapping[str, An
 
 
 # ---------------------------------------------------------------------------------------------
-# partition and noise: the kind's registered keys and checks (``kinds``)
+# partition and noise: the kind's declared options (``kinds``)
 
 
 def check_partition(part: dict, partial: bool = False) -> None:
