@@ -169,6 +169,11 @@ FROM_FL = {"warmup_local_epochs": "local_epochs", "warmup_lr": "lr", "warmup_mom
            "warmup_weight_decay": "weight_decay", "score_batch_size": "eval_batch_size"}
 
 
+#: centralised JointOpt's lr_low / lr_high became one pin of fl.lr (the low group's) and the high
+#: group's factor, so that a tuned lr reaches both noise groups (issue 32; the values are Table 8's)
+JOINTOPT_CENTRAL_LR = {"lr_low": lambda m: m.fl.lr, "lr_high": lambda m: m.fl.lr * m.params.lr_high_factor}
+
+
 #: fl keys added after the fixture, at their defaults in every preset: the local optimiser choice
 #: (SGD, as every preset ran; Adam's betas unread)
 ADDED_FL = {"optimizer": "sgd", "betas": [0.9, 0.999]}
@@ -217,6 +222,8 @@ def _expected_new(cell: str, old_key: str, old_value, cfg, built, resolved):
         return None if path else (cfg.fl.rounds, "fl.rounds")
     if old_key.startswith("eta_by_partition."):  # now `eta: ${case:${partition.kind},...}` (compared as eta)
         return None
+    if method == "jointopt_central" and key in JOINTOPT_CENTRAL_LR:  # issue 32: one pinned lr for both groups
+        return JOINTOPT_CENTRAL_LR[key](obj), f"{key} from fl.lr × lr_high_factor"
     if (method, key) in RENAMED and not path:
         return node[RENAMED[method, key]], f"method.{RENAMED[method, key]}"
     if key in FROM_FL:

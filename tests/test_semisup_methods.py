@@ -231,3 +231,13 @@ def test_reference_fidelity_runs_end_to_end(tmp_path):
     s = run_tiny(tmp_path, [*SMALL, "fidelity=reference"], "dividemix")
     assert s["status"] == "complete" and s["config"]["method"]["ensemble"] == "logits"
     assert s["rounds_run"] == s["total_rounds"]
+
+
+@pytest.mark.parametrize(("cell", "lr", "first"), [("[0.0,0.0]", None, 0.1), ("[0.6,0.5]", None, 0.2),
+                                                   ("[0.0,0.0]", 0.01, 0.01), ("[0.6,0.5]", 0.01, 0.02)])
+def test_central_jointopt_runs_table_8s_lr_per_group_from_one_key(cell, lr, first):
+    """FedCorr Table 8: lr 0.1 (low noise) and 0.2 (high noise); one key (method.lr, a pin of fl.lr) sets
+    both, so that a tuned value reaches every cell (issue 32)."""
+    typed = [f"method.lr={lr}"] if lr is not None else []
+    method = build_method(compose_cfg(["method=jointopt_central", f"noise.rho_tau={cell}", *typed]), typed)
+    assert method.params.first_lr(method.fl.lr) == pytest.approx(first)
