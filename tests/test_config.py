@@ -29,8 +29,8 @@ NOT_APPLICABLE = re.compile(r"^fl\.(\w+)=\S+ does not apply to \w+: .+")
 
 def _nodes(method, prefix="method"):
     yield prefix, method
-    if getattr(method, "stage3", None) is not None:
-        yield from _nodes(method.stage3, f"{prefix}.stage3")
+    for key, sub in method.nested().items():
+        yield from _nodes(sub, f"{prefix}.{key}")
 
 
 # ---------------------------------------------------------------------- typed overrides take effect
