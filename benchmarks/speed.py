@@ -8,7 +8,7 @@ One client epoch of LeNet-5 on 500 random 3x32x32 images, batch 10, SGD momentum
            through a DataLoader (num_workers=0), the reference codes' data path
 Prints the median of several repeats and the ratios runner/bare and loader/runner.
 
-Then the compiled step (``compile: true``, ``fedlnl/methods/common/compiled.py``) against the eager one:
+Then the compiled step (``compile: true``, ``fedlnl/compute/compiled.py``) against the eager one:
 the runner's path (crop+flip) on one working model reset to the same weights before each epoch, as
 the runner loads each client's global weights; eager epochs before and after the compiled ones
 (pooled median, so drift shows in neither alone), the compiled epochs after the first, and the first
@@ -28,7 +28,8 @@ from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 from torchvision import transforms
 
-from fedlnl.methods.common import compiled, engine
+from fedlnl.compute import compiled
+from fedlnl.methods.common import engine
 from fedlnl.methods.common.protocol import Optim
 from fedlnl.models.lenet import LeNet
 

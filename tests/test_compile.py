@@ -1,4 +1,4 @@
-"""``compile: true``: the local step compiled once per run (fedlnl/methods/common/compiled.py).
+"""``compile: true``: the local step compiled once per run (fedlnl/compute/compiled.py).
 
 One module-scoped pair of tiny FedAvg runs (eager, compiled) serves the compiled-run assertions:
 compiling on the CPU takes seconds to a minute, so it is done once.
@@ -20,7 +20,7 @@ from test_robustness import TINY, assert_refused, cli
 from fedlnl.benchmark.rundir import config_hash
 from fedlnl.conf.keys import CELL_DIR_EXCLUDED, NON_RESULT_KEYS
 from fedlnl.methods import fedavg
-from fedlnl.methods.common import compiled
+from fedlnl.compute import compiled
 
 #: debug=tiny FedAvg: 3 rounds x 3 of 6 clients
 ROUNDS, COHORT = 3, 3

@@ -4,6 +4,7 @@ import pytest
 import torch
 from torch import nn
 
+from fedlnl.compute import evaluation
 from fedlnl.methods.common import engine
 from fedlnl.methods.common.protocol import Optim, RoundContext
 
@@ -91,10 +92,10 @@ def test_local_train_reduces_loss_and_evaluate_counts():
     data = engine.TensorData.build(x, (0.5,), (0.25,), None, "cpu")
     model = nn.Sequential(nn.Flatten(), nn.Linear(16, 2))
     idx = torch.arange(n)
-    before = engine.evaluate(model, data, y).loss
+    before = evaluation.evaluate(model, data, y).loss
     engine.local_train(model, data, idx, y, epochs=20, batch_size=20, optim=Optim("sgd", 0.1, 0.0, 0.5),
                        gen=torch.Generator().manual_seed(0))
-    ev = engine.evaluate(model, data, y)
+    ev = evaluation.evaluate(model, data, y)
     acc, after = ev.acc, ev.loss
     assert after < before and acc > 0.9
 
@@ -121,14 +122,14 @@ def test_evaluate_balanced_accuracy_is_mean_per_class_recall():
     pred = torch.tensor([0, 0, 0, 1, 1, 0, 0, 3])
     x = torch.arange(8, dtype=torch.uint8).view(8, 1, 1, 1)
     data = engine.TensorData.build(x, (0.0,), (1 / 255,), None, "cpu")  # normalised pixel = index
-    ev = engine.evaluate(_Fixed(torch.nn.functional.one_hot(pred, 4).float() * 5), data, y, batch_size=3)
+    ev = evaluation.evaluate(_Fixed(torch.nn.functional.one_hot(pred, 4).float() * 5), data, y, batch_size=3)
     assert ev.acc == pytest.approx(0.5)
     assert ev.balanced_acc == pytest.approx((0.75 + 0.5 + 0.0) / 3)
     assert ev.class_acc == [pytest.approx(0.75), pytest.approx(0.5), 0.0, None]
     assert ev.loss == pytest.approx(torch.nn.functional.cross_entropy(
         torch.nn.functional.one_hot(pred, 4).float() * 5, y).item())
     # num_classes beyond the model's outputs only lengthens class_acc with absent classes
-    assert engine.evaluate(_Fixed(torch.nn.functional.one_hot(pred, 4).float()), data, y,
+    assert evaluation.evaluate(_Fixed(torch.nn.functional.one_hot(pred, 4).float()), data, y,
                            num_classes=6).class_acc[4:] == [None, None]
 
 

@@ -8,6 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from fedlnl.compute import evaluation
 from fedlnl.methods.common import engine
 from fedlnl.methods.common.protocol import Optim
 from fedlnl.models.lenet import LeNet
@@ -136,7 +137,7 @@ def test_evaluate_and_predict_match_the_nchw_forward_pass():
     logits = engine.predict(model, data, torch.arange(300), batch_size=128)
     assert not logits.is_inference()
     torch.testing.assert_close(logits, ref, rtol=1e-5, atol=1e-5)
-    ev = engine.evaluate(model, data, y, batch_size=128)
+    ev = evaluation.evaluate(model, data, y, batch_size=128)
     acc, loss = ev.acc, ev.loss
     assert acc == pytest.approx((ref.argmax(1) == y).float().mean().item(), abs=1 / 300 + 1e-9)
     assert loss == pytest.approx(F.cross_entropy(ref, y).item(), rel=1e-5)

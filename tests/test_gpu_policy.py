@@ -315,7 +315,7 @@ def test_host_placement_gives_byte_identical_metrics(tmp_path, monkeypatch, meth
     prefetch; pinned staging and a side-stream copy where CUDA exists) and must give the bytes device
     placement gives. The loops covered: ``local_train`` (fedavg, rofl, fedcorr), ``epoch_loop`` and
     the DivideMix epoch with its unlabeled passes (dividemix), the pair loop (coteaching), FedDyn's."""
-    from fedlnl.methods.common.placement import HostImages
+    from fedlnl.compute.placement import HostImages
 
     streamed = []
     real = HostImages.stream
@@ -354,7 +354,7 @@ def test_the_prefetch_issues_batch_k_plus_1_before_batch_k_steps(monkeypatch):
     from torch import nn
 
     from fedlnl.methods.common import engine
-    from fedlnl.methods.common.placement import HostImages
+    from fedlnl.compute.placement import HostImages
     from fedlnl.methods.common.protocol import Optim
 
     data, calls = _host_data(), []
@@ -405,7 +405,7 @@ def test_the_copies_run_on_a_side_stream_when_cuda_is_present(monkeypatch):
     issued. That the copy then overlaps the step on a real device is reasoned, not run."""
     import contextlib
 
-    from fedlnl.methods.common.placement import HostImages
+    from fedlnl.compute.placement import HostImages
 
     log, active = [], []
 
@@ -467,14 +467,17 @@ def test_the_copies_run_on_a_side_stream_when_cuda_is_present(monkeypatch):
 
 
 def test_auto_placement_rule(monkeypatch):
-    from fedlnl.methods.common.placement import DEVICE_SHARE, choose
+    from fedlnl.compute.placement import DEVICE_SHARE, HOST_ABOVE, choose
 
     cpu, cuda = torch.device("cpu"), torch.device("cuda:0")
     assert choose("auto", 10**12, cpu) == "device" and choose("host", 10, cpu) == "host"
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda d=None: (80 * 10**9, 80 * 10**9))
     assert choose("auto", int(DEVICE_SHARE * 80e9) - 1, cuda) == "device"
     assert choose("auto", int(DEVICE_SHARE * 80e9) + 1, cuda) == "host"
-    assert choose("auto", 10**6, cuda, full_clothing1m=True) == "host"  # whatever the card says
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda d=None: (10**12, 10**12))  # a card of 1 TB free
+    assert choose("auto", HOST_ABOVE + 1, cuda) == "host"  # whatever the card says (full-size Clothing1M)
+    assert choose("auto", HOST_ABOVE + 1, torch.device("mps")) == "host"
+    assert choose("auto", 10**9, torch.device("mps")) == "device"
     assert choose("device", 10**12, cuda) == "device"  # an explicit choice is kept
 
 

@@ -386,12 +386,12 @@ def test_a_failure_after_training_started_keeps_metrics_and_says_why(tmp_path, m
 
 # ------------------------------------------------------------------------------------ numbers
 def test_a_test_loss_of_exactly_zero_is_not_divergence(tmp_path, monkeypatch):
-    from fedlnl.methods.common import engine
+    from fedlnl.compute import evaluation
 
     def perfect(*a, groups=None, **k):  # every prediction right, the clients' local test sets included
-        return engine.Evaluation(1.0, 0.0, 1.0, [1.0] * 10, [groups.shape[1]] * groups.shape[0])
+        return evaluation.Evaluation(1.0, 0.0, 1.0, [1.0] * 10, [groups.shape[1]] * groups.shape[0])
 
-    monkeypatch.setattr(engine, "evaluate", perfect)
+    monkeypatch.setattr(evaluation, "evaluate", perfect)
     s = run_tiny(tmp_path, ["fl.rounds=2"])
     assert s["status"] == "complete" and s["best_acc"] == 1.0 and s["best_balanced_acc"] == 1.0
 

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from fedlnl.benchmark.selection import REPORT_BYTES, Reported, SelectionSettings, client_stats
-from fedlnl.methods.common import engine
+from fedlnl.compute.evaluation import count_correct
 
 
 class HeldOut:
@@ -45,7 +45,7 @@ class HeldOut:
         """Σ correct / Σ total of the clients' validation counts for ``model`` (None without validation)."""
         if not self.validated:
             return None
-        correct = engine.count_correct(model, data, self.val_idx, self.val_labels, self.owner, self.num_clients,
+        correct = count_correct(model, data, self.val_idx, self.val_labels, self.owner, self.num_clients,
                                        batch_size)
         return sum(correct) / sum(self.val_sizes)
 

@@ -41,7 +41,9 @@ from fedlnl.benchmark.sinks import JsonlSink, Sinks, WandbSink, json_safe, write
 from fedlnl.benchmark.stop import StopRequest, refuse_after_signal
 from fedlnl.benchmark.validate import ConfigError
 from fedlnl.datasets.federation import federation_stats
-from fedlnl.methods.common import compiled, engine, placement
+from fedlnl.compute import compiled, evaluation, placement
+from fedlnl.compute.data import TensorData
+from fedlnl.methods.common import engine
 from fedlnl.models.layers import random_source
 from fedlnl.methods.common.protocol import ALL_CLIENTS, ClientView, RoundContext
 
@@ -86,11 +88,10 @@ class Runner:
         cell = preflight.build_cell(cfg, self.method, model_name(cfg), self.device)  # raises ConfigError
         self.fed, self.info, self.model, self.total = cell.fed, cell.info, cell.model, cell.total
         src = self.fed.source
-        full_clothing1m = cfg.dataset.name == "clothing1m" and cfg.dataset.get("max_train") is None
         where = placement.choose(str(cfg.get("data_placement", "auto")), src.x_train.numel() * src.x_train.element_size(),
-                                 self.device, full_clothing1m)
-        self.train = engine.TensorData.build(src.x_train, src.mean, src.std, src.augment, self.device, where)
-        self.test = engine.TensorData.build(src.x_test, src.mean, src.std, None, self.device)
+                                 self.device)
+        self.train = TensorData.build(src.x_train, src.mean, src.std, src.augment, self.device, where)
+        self.test = TensorData.build(src.x_test, src.mean, src.std, None, self.device)
         self.test_labels = src.y_test.to(self.device)
         self.labels = self.fed.labels.clone().to(self.device)  # observed labels; relabels land here
         self.client_idx = [torch.tensor(ix, dtype=torch.long, device=self.device)
@@ -308,7 +309,7 @@ class Runner:
     def evaluate(self, state, rnd: int, losses: list[float], agg: dict) -> dict:
         model = self.method.eval_model(state)
         batch = int(self.cfg.fl.eval_batch_size)
-        ev = engine.evaluate(model, self.test, self.test_labels, batch, num_classes=self.info.num_classes,
+        ev = evaluation.evaluate(model, self.test, self.test_labels, batch, num_classes=self.info.num_classes,
                              groups=self.heldout.tests)
         val = self.heldout.val_acc(model, self.train, batch)  # the clients' counts: sent, so counted
         self.bytes_up += self.heldout.upload()

@@ -20,7 +20,7 @@ from __future__ import annotations
 #: ``tuned`` names where tuned values came from; the values themselves are set in the config (and so in
 #: the hash) by ``benchmark/tuning.apply``. ``tune`` is the tuning budget and sampler seed of
 #: ``experiment=tune``: a trial's numbers are those of its config alone.
-#: ``compile`` is not here: a compiled local step (``methods/common/compiled.py``) rounds differently from
+#: ``compile`` is not here: a compiled local step (``compute/compiled.py``) rounds differently from
 #: the eager one, so compiled and eager runs are two configurations.
 NON_RESULT_KEYS = ("logger", "name", "preset", "checkpoint_every", "checkpoint_minutes", "skip_complete",
                    "reuse_prefix", "dry_run", "device", "determinism", "data_placement", "tuned", "tune", "hydra")
