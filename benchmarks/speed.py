@@ -117,12 +117,12 @@ def compare_compiled(x_u8, y, bs, repeats):
 
     epoch()  # warm-up
     eager = [epoch() for _ in range(repeats)]
-    compiled.begin(True, "cpu")
+    data.compiled = compiled.start(True, "cpu")  # the run's compiled step travels with its data
     try:
         first = epoch()
         fast = [epoch() for _ in range(repeats)]
     finally:
-        compiled.end()
+        data.compiled = None
     eager += [epoch() for _ in range(repeats)]
     return statistics.median(eager), statistics.median(fast), first
 

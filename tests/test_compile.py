@@ -62,7 +62,8 @@ def test_the_step_compiles_once_and_no_client_or_round_compiles_again(runs):
     # first client's update
     assert seen[0] == 2, seen
     assert seen == [seen[0]] * len(seen), f"graphs after each client update: {seen}"
-    assert compiled._RUN is None  # the policy ends with its run: later eager code stays eager
+    # no run is kept in the module: the policy travels with its run's data, so later eager code stays eager
+    assert not any(isinstance(v, compiled.Run) for v in vars(compiled).values())
 
 
 def test_compiled_numbers_equal_eager_ones_within_float_tolerance(runs):
@@ -139,28 +140,25 @@ def whole_step_matches_torch_sgd(device: str) -> None:
     xs, ys = torch.randn(4, 8, 3, 8, 8, device=device), torch.randint(0, 10, (4, 8), device=device)
     ref = torch.optim.SGD(ref_net.parameters(), lr=0.1, momentum=0.5, weight_decay=1e-3)
     steps = []
-    compiled.begin(True, device)
-    try:
-        ours = compiled.SGD(net.parameters(), lr=0.1, momentum=0.5, weight_decay=1e-3)
-        ours.register_step_post_hook(lambda *_: steps.append(1))
-        whole = compiled.whole_step(ce_loss, ours, batch_size=8)
-        assert whole is not None
-        for i, n in enumerate((8, 8, 8, 5)):
-            x, y = xs[i, :n], ys[i, :n]
-            loss = whole(net, x, y)
-            ref.zero_grad(set_to_none=True)
-            expected = ce_loss(ref_net, x, y, 0, None)
-            expected.backward()
-            ref.step()
-            assert math.isclose(float(loss), float(expected.detach()), rel_tol=1e-5), i
-            for (name, a), b in zip(ref_net.state_dict().items(), net.state_dict().values()):
-                assert torch.allclose(a.float(), b.float(), rtol=1e-4, atol=1e-6), (i, name)
-            for p, q in zip(ref_net.parameters(), net.parameters()):
-                assert torch.allclose(ref.state[p]["momentum_buffer"], ours.state[q]["momentum_buffer"],
-                                      rtol=1e-4, atol=1e-6), i
-        assert len(steps) == 4
-    finally:
-        compiled.end()
+    run = compiled.start(True, device)
+    ours = compiled.SGD(net.parameters(), run, lr=0.1, momentum=0.5, weight_decay=1e-3)
+    ours.register_step_post_hook(lambda *_: steps.append(1))
+    whole = compiled.whole_step(run, ce_loss, ours, batch_size=8)
+    assert whole is not None
+    for i, n in enumerate((8, 8, 8, 5)):
+        x, y = xs[i, :n], ys[i, :n]
+        loss = whole(net, x, y)
+        ref.zero_grad(set_to_none=True)
+        expected = ce_loss(ref_net, x, y, 0, None)
+        expected.backward()
+        ref.step()
+        assert math.isclose(float(loss), float(expected.detach()), rel_tol=1e-5), i
+        for (name, a), b in zip(ref_net.state_dict().items(), net.state_dict().values()):
+            assert torch.allclose(a.float(), b.float(), rtol=1e-4, atol=1e-6), (i, name)
+        for p, q in zip(ref_net.parameters(), net.parameters()):
+            assert torch.allclose(ref.state[p]["momentum_buffer"], ours.state[q]["momentum_buffer"],
+                                  rtol=1e-4, atol=1e-6), i
+    assert len(steps) == 4
 
 
 def test_the_whole_step_is_taken_only_for_a_pure_loss_and_a_plain_sgd():
@@ -168,17 +166,17 @@ def test_the_whole_step_is_taken_only_for_a_pure_loss_and_a_plain_sgd():
     from fedlnl.methods.common.optimizers import ClipGrad
     from fedlnl.methods.common.protocol import Optim
     net = _bn_net()
-    plain = compiled.SGD(net.parameters(), lr=0.1, momentum=0.5)
-    assert compiled.whole_step(ce_loss, plain, 8) is None  # no compiled run: eager
-    compiled.begin(True, "cpu")
-    try:
-        assert compiled.whole_step(ce_loss, plain, 8) is not None
-        assert compiled.whole_step(lambda m, x, y, s, g: ce_loss(m, x, y, s, g), plain, 8) is None  # not pure
-        assert compiled.whole_step(ce_loss, compiled.SGD(net.parameters(), lr=0.1, nesterov=True, momentum=0.5), 8) is None
-        assert compiled.whole_step(ce_loss, torch.optim.Adam(net.parameters()), 8) is None
-        assert compiled.whole_step(ce_loss, ClipGrad(1.0)(net, Optim("sgd", 0.1, 0.0, 0.5)), 8) is None  # a wrapper
-    finally:
-        compiled.end()
+    assert compiled.whole_step(None, ce_loss, compiled.SGD(net.parameters(), lr=0.1, momentum=0.5), 8) is None  # eager
+    run = compiled.start(True, "cpu")
+    plain = compiled.SGD(net.parameters(), run, lr=0.1, momentum=0.5)
+    assert compiled.whole_step(run, ce_loss, plain, 8) is not None
+    assert compiled.whole_step(None, ce_loss, plain, 8) is None  # no compiled run passed: eager
+    assert compiled.whole_step(run, lambda m, x, y, s, g: ce_loss(m, x, y, s, g), plain, 8) is None  # not pure
+    nesterov = compiled.SGD(net.parameters(), run, lr=0.1, nesterov=True, momentum=0.5)
+    assert compiled.whole_step(run, ce_loss, nesterov, 8) is None
+    assert compiled.whole_step(run, ce_loss, torch.optim.Adam(net.parameters()), 8) is None
+    wrapped = ClipGrad(1.0)(net, Optim("sgd", 0.1, 0.0, 0.5), run=run)
+    assert compiled.whole_step(run, ce_loss, wrapped, 8) is None  # a wrapper
 
 
 def test_an_sgd_over_part_of_the_model_takes_eager_gradients_of_that_part_only():
@@ -188,16 +186,13 @@ def test_an_sgd_over_part_of_the_model_takes_eager_gradients_of_that_part_only()
     torch.manual_seed(0)
     net = _bn_net()
     body = [p.detach().clone() for p in net[0].parameters()]
-    compiled.begin(True, "cpu")
-    try:
-        opt = compiled.SGD(net[4].parameters(), lr=0.1, momentum=0.5)
-        head = net[4].weight.detach().clone()
-        loss = compiled.whole_step(ce_loss, opt, 8)(net, torch.randn(8, 3, 8, 8), torch.randint(0, 10, (8,)))
-        assert math.isfinite(float(loss))
-        assert all(torch.equal(p, q) for p, q in zip(net[0].parameters(), body))
-        assert not torch.equal(net[4].weight, head)
-    finally:
-        compiled.end()
+    run = compiled.start(True, "cpu")
+    opt = compiled.SGD(net[4].parameters(), run, lr=0.1, momentum=0.5)
+    head = net[4].weight.detach().clone()
+    loss = compiled.whole_step(run, ce_loss, opt, 8)(net, torch.randn(8, 3, 8, 8), torch.randint(0, 10, (8,)))
+    assert math.isfinite(float(loss))
+    assert all(torch.equal(p, q) for p, q in zip(net[0].parameters(), body))
+    assert not torch.equal(net[4].weight, head)
 
 
 @pytest.mark.parametrize("augment", [{"crop": 32, "pad": 4, "flip": True}, {"crop": 28, "pad": 0, "flip": False},

@@ -249,7 +249,9 @@ class Runner:
         counter = register_optimizer_step_post_hook(self._count_step)
         bar = tqdm(range(start, self.total), desc=f"{self.method_name} s{self.cfg.seed}", unit="rnd",
                    dynamic_ncols=True, disable=None, leave=False)
-        compiled.begin(bool(self.cfg.get("compile", False)), self.device)
+        # the compiled step reaches every local-training loop with the training data it reads (after
+        # ``init``: an optimiser a method builds there is eager, as it always was)
+        self.train.compiled = compiled.start(bool(self.cfg.get("compile", False)), self.device)
         try:
             for rnd in bar:
                 ctx = self.context(rnd)
@@ -299,7 +301,7 @@ class Runner:
         finally:
             bar.close()
             counter.remove()
-            compiled.end()
+            self.train.compiled = None
         return self.finish(status, sinks)
 
     def _count_step(self, optimizer, args, kwargs) -> None:

@@ -40,8 +40,10 @@ yet). The SGD update alone mutates its inputs in place, which CUDA graphs skip, 
 default mode everywhere. On the CPU the default mode (inductor's C++ kernels; needs a C++ compiler).
 
 Compiled numbers are not bit-identical to eager ones (fused kernels add in another order): ``compile``
-is part of the config hash. ``begin``/``end`` bracket one run (``benchmark/runner.py``); outside a
-run with ``compile: true`` everything here is the eager path.
+is part of the config hash. The runner makes one ``Run`` per run with ``compile: true`` (``start``) and
+passes it down as a parameter: it rides on the training data (``TensorData.compiled``), which every
+local-training loop receives, and ``engine.optimizer(..., run=...)`` takes it; ``None`` everywhere
+is the eager path. No module state: two runs in one process never share compiled functions.
 """
 from __future__ import annotations
 
@@ -60,8 +62,8 @@ _sgd = importlib.import_module("torch.optim.sgd").sgd  # the functional form tor
 MODES = {"cuda": "reduce-overhead"}
 
 
-class _Run:
-    """The compiled functions of one run."""
+class Run:
+    """The compiled functions of one run (``start``)."""
 
     def __init__(self, device: torch.device):
         self.device = torch.device(device)
@@ -71,6 +73,11 @@ class _Run:
         self.names: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> (names, buffers)
         self.update = torch.compile(_sgd_update, dynamic=False)
         self.wholes: dict[Callable, Callable] = {}
+
+    def __reduce__(self):
+        """A checkpoint keeps the device only (an optimiser in a method's state holds its run): loaded,
+        the run compiles its functions anew."""
+        return Run, (str(self.device),)
 
     def whole(self, loss_fn: Callable) -> Callable:
         if loss_fn not in self.wholes:
@@ -99,29 +106,18 @@ class _Run:
         return self.draws[model]
 
 
-_RUN: _Run | None = None
-
-
 def mode(enabled: bool, device: torch.device | str) -> str | None:
     """The torch.compile mode a run with ``compile: enabled`` uses on ``device`` (None = eager)."""
     return MODES.get(torch.device(device).type, "default") if enabled else None
 
 
-def begin(enabled: bool, device: torch.device | str) -> str | None:
-    """Start a run's compile policy; returns the torch.compile mode in use (None = eager). Clears
-    dynamo's caches, so the run compiles its own graphs once (and no earlier run's model is kept)."""
-    global _RUN
-    end()
+def start(enabled: bool, device: torch.device | str) -> Run | None:
+    """A run's compiled functions (None = eager). Clears dynamo's caches, so the run compiles its own
+    graphs once (and no earlier run's model is kept)."""
     if not enabled:
         return None
     torch._dynamo.reset()
-    _RUN = _Run(device)
-    return _RUN.mode
-
-
-def end() -> None:
-    global _RUN
-    _RUN = None
+    return Run(device)
 
 
 def check(device: torch.device | str) -> str | None:
@@ -138,15 +134,15 @@ def pure(loss_fn: Callable) -> Callable:
     return loss_fn
 
 
-def loss(loss_fn: Callable, batch_size: int) -> Callable:
-    """``loss_fn`` compiled for full batches of ``batch_size`` where this run compiles and the function
-    is ``pure``; else ``loss_fn`` itself."""
-    if _RUN is None or not getattr(loss_fn, "pure", False):
+def loss(run: Run | None, loss_fn: Callable, batch_size: int) -> Callable:
+    """``loss_fn`` compiled for full batches of ``batch_size`` where the run compiles (``run`` not None)
+    and the function is ``pure``; else ``loss_fn`` itself."""
+    if run is None or not getattr(loss_fn, "pure", False):
         return loss_fn
-    compiled, graphs = _RUN.loss(loss_fn), _RUN.mode == "reduce-overhead"
+    compiled, graphs = run.loss(loss_fn), run.mode == "reduce-overhead"
 
     def step_loss(model, xb, yb, step, gen):
-        if xb.shape[0] != batch_size or _RUN.eager(model):  # a short last batch: eager, no graph per size
+        if xb.shape[0] != batch_size or run.eager(model):  # a short last batch: eager, no graph per size
             return loss_fn(model, xb, yb, step, gen)
         if graphs:
             torch.compiler.cudagraph_mark_step_begin()
@@ -155,13 +151,13 @@ def loss(loss_fn: Callable, batch_size: int) -> Callable:
     return step_loss
 
 
-def whole_step(loss_fn: Callable, opt: torch.optim.Optimizer, batch_size: int) -> Callable | None:
+def whole_step(run: Run | None, loss_fn: Callable, opt: torch.optim.Optimizer, batch_size: int) -> Callable | None:
     """``step(model, xb, yb) -> loss``, which takes one whole local step of ``opt`` on ``loss_fn``
     (``xb``: the images, or an ``engine.Batch`` whose images the graph computes from its uint8 images)
     (compiled for full batches of ``batch_size``, eager for a short last batch or a model with dropout),
-    where this run compiles, ``loss_fn`` is ``pure`` and ``opt`` is a plain momentum SGD over one group
-    of parameters; else None (the caller steps on ``loss(loss_fn, ...)`` itself)."""
-    if _RUN is None or not getattr(loss_fn, "pure", False) or type(opt) is not SGD or len(opt.param_groups) != 1:
+    where the run compiles (``run`` not None), ``loss_fn`` is ``pure`` and ``opt`` is a plain momentum SGD
+    over one group of parameters; else None (the caller steps on ``loss(run, loss_fn, ...)`` itself)."""
+    if run is None or not getattr(loss_fn, "pure", False) or type(opt) is not SGD or len(opt.param_groups) != 1:
         return None
     group = opt.param_groups[0]
     if group["dampening"] or group["nesterov"] or group["maximize"]:
@@ -169,7 +165,7 @@ def whole_step(loss_fn: Callable, opt: torch.optim.Optimizer, batch_size: int) -
 
     def step(model: nn.Module, xb, yb: torch.Tensor) -> torch.Tensor:
         n = xb.shape[0] if isinstance(xb, torch.Tensor) else xb.n
-        opt.batch = (model, loss_fn, xb, yb, n == batch_size and not _RUN.eager(model))
+        opt.batch = (model, loss_fn, xb, yb, n == batch_size and not run.eager(model))
         try:
             opt.step()  # the step hooks fire around the whole step
             return opt.loss
@@ -208,9 +204,10 @@ class _Bound:
         return torch.func.functional_call(self.model, self.tensors, (x,))
 
 
-def sgd_class() -> type[torch.optim.SGD]:
-    """The SGD class a local update builds: ``SGD`` (compiled update) while a compiled run is on."""
-    return SGD if _RUN is not None else torch.optim.SGD
+def sgd(run: Run | None, params, **hyper) -> torch.optim.SGD:
+    """The SGD optimiser a local update builds: ``SGD`` (the run's compiled update) where the run
+    compiles, else ``torch.optim.SGD``."""
+    return SGD(params, run, **hyper) if run is not None else torch.optim.SGD(params, **hyper)
 
 
 def _sgd_update(params, grads, bufs, lr, weight_decay, momentum, dampening, nesterov, maximize):
@@ -219,10 +216,14 @@ def _sgd_update(params, grads, bufs, lr, weight_decay, momentum, dampening, nest
 
 
 class SGD(torch.optim.SGD):
-    """``torch.optim.SGD`` whose update runs the run's compiled ``_sgd_update`` (eager outside a
-    compiled run). State lives in ``self.state`` as in torch's, so ``state_dict`` and hooks hold."""
+    """``torch.optim.SGD`` whose update runs the compiled ``_sgd_update`` of ``run`` (eager with None).
+    State lives in ``self.state`` as in torch's, so ``state_dict`` and hooks hold."""
 
     batch = loss = None  # ``whole_step``'s batch while it steps, and the loss it gives back
+
+    def __init__(self, params, run: Run | None = None, **hyper):
+        super().__init__(params, **hyper)
+        self.run = run
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -235,13 +236,13 @@ class SGD(torch.optim.SGD):
         return None
 
     def _update(self) -> None:
-        update = _RUN.update if _RUN is not None else _sgd_update
+        update = self.run.update if self.run is not None else _sgd_update
         for i, group in enumerate(self.param_groups):
             params = [p for p in group["params"] if p.grad is not None]
             if not params:
                 continue
             bufs = [self.state[p].get("momentum_buffer") for p in params]
-            lr = self._lr(i, group["lr"], params[0]) if _RUN is not None else group["lr"]
+            lr = self._lr(i, group["lr"], params[0]) if self.run is not None else group["lr"]
             update(params, [p.grad for p in params], bufs, lr, group["weight_decay"], group["momentum"],
                    group["dampening"], group["nesterov"], group["maximize"])
             if group["momentum"] != 0:
@@ -272,12 +273,12 @@ class SGD(torch.optim.SGD):
         first = bool(bufs) and bufs[0] is None
         if first:  # torch's first step sets b = d, the same as μ·0 + d
             bufs = [torch.zeros_like(p) for p in params]
-        graphs = _RUN.mode == "reduce-overhead"
+        graphs = self.run.mode == "reduce-overhead"
         if graphs:
             torch.compiler.cudagraph_mark_step_begin()
-        names, buffers = _RUN.named(model)
+        names, buffers = self.run.named(model)
         prepare, inputs, static = xb.graph_inputs() if deferred else (None, xb, ())
-        weights, new, loss = _RUN.whole(loss_fn)(model, names, params, buffers, bufs, inputs, yb,
+        weights, new, loss = self.run.whole(loss_fn)(model, names, params, buffers, bufs, inputs, yb,
                                                  self._lr(0, group["lr"], params[0]),
                                                  group["weight_decay"], group["momentum"],
                                                  prepare, static)

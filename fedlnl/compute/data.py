@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedlnl.compute import placement
+from fedlnl.compute import compiled, placement
 
 @dataclass
 class TensorData:
@@ -44,6 +44,9 @@ class TensorData:
     _plain: dict = field(default_factory=dict, repr=False, compare=False)
     #: host placement: gathers batches of ``x`` and copies them to the device; None = ``x`` is there
     host: placement.HostImages | None = field(default=None, repr=False, compare=False)
+    #: the run's compiled local step (``compile: true``; ``compiled.start``), set by the runner on the
+    #: training data and passed on by every local-training loop; None = eager
+    compiled: compiled.Run | None = field(default=None, repr=False, compare=False)
 
     @classmethod
     def build(cls, x: torch.Tensor, mean, std, augment, device, where: str = "device") -> "TensorData":

@@ -107,7 +107,7 @@ class DivideMix(Method):
     def _local_dividemix(self, state, nets, client, ctx) -> list[float]:
         mem = state["clients"].setdefault(client.id, {"idx": client.indices.clone(), "epochs": 0, "flagged": None})
         optim = self.fl.optim(lr=self.train_lr, momentum=self.train_momentum, weight_decay=self.train_weight_decay)
-        opts = [engine.optimizer(net, optim) for net in nets]
+        opts = [engine.optimizer(net, optim, run=client.data.compiled) for net in nets]
         gen, rng = ctx.generator("train", client.id), ctx.rng("gmm", client.id)
         losses = []
         for _ in range(self.train_local_epochs):

@@ -75,7 +75,7 @@ class DivideMixCentral(Method):
     def init(self, model, info, ctx):
         model2 = semisup.fresh_copy(model, engine.child_seed(ctx.generator("init", "net2")), self.second_init)
         nets = [model, model2]
-        return {"nets": nets, "opts": [engine.optimizer(n, self.fl.optim()) for n in nets],
+        return {"nets": nets, "opts": [engine.optimizer(n, self.fl.optim(), run=ctx.data.compiled) for n in nets],
                 "ensemble": semisup.Ensemble(model, model2, self.ensemble), "num_classes": info.num_classes,
                 "mem": None}
 

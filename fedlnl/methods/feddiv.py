@@ -564,7 +564,7 @@ class FedDiv(Method):
         ``select(epoch)`` returns, with ``labels`` (the client's, after relabelling); mean batch loss,
         nan if diverged, None if no step was taken."""
         model.train()
-        opt = engine.optimizer(model, self.fl.optim())
+        opt = engine.optimizer(model, self.fl.optim(), run=view.data.compiled)
         total, count = 0.0, 0
         for epoch in range(self.fl.local_epochs):
             pos = select(epoch)

@@ -131,8 +131,9 @@ class FedDyn(Method):
         the gradient norm before the decay is applied)."""
         model.train()
         decay = a_k + self.fl.weight_decay
-        opt = (FusedDecay(decay)(model, self.fl.optim(lr=lr, weight_decay=0.0)) if self.max_grad_norm is None
-               else ClipGrad(self.max_grad_norm)(model, self.fl.optim(lr=lr, weight_decay=decay)))
+        run = client.data.compiled
+        opt = (FusedDecay(decay)(model, self.fl.optim(lr=lr, weight_decay=0.0), run=run) if self.max_grad_norm is None
+               else ClipGrad(self.max_grad_norm)(model, self.fl.optim(lr=lr, weight_decay=decay), run=run))
         params = list(model.parameters())
         idx = client.indices
 

@@ -148,7 +148,7 @@ class FedELC(FedAvg):
         lookup[client.indices] = client.labels
         ytilde = store.get(client.indices, lambda missing: initial_labels(lookup[missing], C, self.K))
         ytilde.requires_grad_(True)
-        opt = engine.optimizer(model, self.fl.optim())
+        opt = engine.optimizer(model, self.fl.optim(), run=client.data.compiled)
         gen, labels, losses = ctx.generator("train", client.id), client.labels, []
         for _ in range(self.fl.local_epochs):
             ytilde.grad = None

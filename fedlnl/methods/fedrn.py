@@ -245,7 +245,7 @@ class FedRN(FedAvg):
         body = [p for p in model.parameters() if not any(p is h for h in model.head.parameters())]
         for p in body:
             p.requires_grad_(False)
-        opt = engine.optimizer(model.head, self.fl.optim())
+        opt = engine.optimizer(model.head, self.fl.optim(), run=client.data.compiled)
         labels = client.labels[mask]
         try:  # the same generator for every neighbour: the same batches, as the code's one loader
             engine.epoch_loop(model, opt, client.data, client.indices[mask], batch_size=self.fl.batch_size,

@@ -99,7 +99,7 @@ class JointOpt(FedAvg):
             mem = semisup.label_memory(client.indices, client.labels, state["num_classes"], self.window)
             state["clients"][client.id] = mem
         opt = engine.optimizer(model, self.fl.optim(lr=self.train_lr, momentum=self.train_momentum,
-                                                    weight_decay=self.train_weight_decay))
+                                                    weight_decay=self.train_weight_decay), run=client.data.compiled)
         losses, updated = [], False
         for _ in range(self.train_local_epochs):
             batch_losses, probs = semisup.jointopt_epoch(

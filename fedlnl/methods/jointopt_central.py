@@ -99,7 +99,7 @@ class JointOptCentral(Method):
 
     def init(self, model, info, ctx):
         return {"model": model, "init": engine.get_weights(model), "num_classes": info.num_classes,
-                "opt": engine.optimizer(model, self.fl.optim(lr=self.params.first_lr(self.fl.lr))), "mem": None}
+                "opt": engine.optimizer(model, self.fl.optim(lr=self.params.first_lr(self.fl.lr)), run=ctx.data.compiled), "mem": None}
 
     def sample_clients(self, state, ctx):
         return [ALL_CLIENTS]
@@ -126,7 +126,7 @@ class JointOptCentral(Method):
             first = e < self.epochs
             if not first and e == self.epochs:  # second step: restart from the initial weights
                 engine.set_weights(model, state["init"])
-                state["opt"] = engine.optimizer(model, self.fl.optim(lr=self.second_lr))
+                state["opt"] = engine.optimizer(model, self.fl.optim(lr=self.second_lr), run=client.data.compiled)
             if not first:
                 for group in state["opt"].param_groups:
                     group["lr"] = self._second_lr(e - self.epochs)

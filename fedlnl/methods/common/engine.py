@@ -70,14 +70,15 @@ def batches(n: int, batch_size: int, gen: torch.Generator, shuffle: bool = True,
 
 
 # ------------------------------------------------------------------------------- local training
-def optimizer(model: nn.Module, optim: Optim) -> torch.optim.Optimizer:
+def optimizer(model: nn.Module, optim: Optim, run: compiled.Run | None = None) -> torch.optim.Optimizer:
     """The optimiser of every method's local training, from its ``FLSettings`` (``fl.optim(...)``,
     with a method's stage-specific values as overrides): SGD with momentum, or Adam with betas, both
     with coupled (L2) weight decay. A fresh one per local update unless a method keeps it (the
-    reference codes keep no optimiser state across rounds)."""
+    reference codes keep no optimiser state across rounds). ``run``: the run's compiled step
+    (``data.compiled`` of the data it trains on; None = eager), whose SGD update it then uses."""
     params = model.parameters()
     if optim.name == "sgd":
-        return compiled.sgd_class()(params, lr=optim.lr, momentum=optim.momentum, weight_decay=optim.weight_decay)
+        return compiled.sgd(run, params, lr=optim.lr, momentum=optim.momentum, weight_decay=optim.weight_decay)
     if optim.name == "adam":
         return torch.optim.Adam(params, lr=optim.lr, betas=tuple(optim.betas), weight_decay=optim.weight_decay)
     raise ValueError(f"optimizer {optim.name!r} is unknown: allowed {', '.join(OPTIMIZERS)}")
@@ -338,7 +339,7 @@ def local_train(
 
     ``loss_fn(model, xb, yb, step, gen)`` gives the batch loss, so a method adds mixup, proximal or
     regularisation terms without rewriting the loop; ``step`` counts batches within the epoch.
-    ``opt_fn(model, optim)`` builds the optimiser (default ``optimizer``): a method wraps the
+    ``opt_fn(model, optim, run=data.compiled)`` builds the optimiser (default ``optimizer``): a method wraps the
     optimiser's step (gradient clipping, sharpness-aware steps: ``common/optimizers.py``) without
     rewriting the loop either. ``begin()`` runs before every pass over the batches (the first, and the
     replay of a diverged update, ``train_steps``): a loss that keeps state across batches resets it
@@ -346,11 +347,12 @@ def local_train(
     """
     model.train()
     fmt = memory_format(model, data.device)
-    opt = (opt_fn or optimizer)(model, optim)
+    run = data.compiled
+    opt = (opt_fn or optimizer)(model, optim, run=run)
     # ``compile: true``: forward, loss, backward and update as one compiled function where the loss and
     # optimiser allow (``whole``), else the compiled loss where the loss allows (``loss_fn``)
-    whole = compiled.whole_step(loss_fn, opt, batch_size)
-    loss_fn = compiled.loss(loss_fn, batch_size)
+    whole = compiled.whole_step(run, loss_fn, opt, batch_size)
+    loss_fn = compiled.loss(run, loss_fn, batch_size)
 
     def losses(stepping=False):
         device_generator(gen, idx.device, fresh=True)  # replayed from ``gen`` alone (train_steps)

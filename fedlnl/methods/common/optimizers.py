@@ -1,6 +1,6 @@
 """Optimiser wrappers a method hands to ``engine.local_train`` / ``train_from_global`` as ``opt_fn``.
 
-Each is a factory with ``engine.optimizer``'s signature ``(model, optim)`` that builds the base
+Each is a factory with ``engine.optimizer``'s signature ``(model, optim, run)`` that builds the base
 optimiser of the run (``fl.optimizer``: SGD or Adam) and returns itself: an object with the optimiser interface ``train_steps`` uses
 (``zero_grad``, ``step``, ``state_dict``, ``load_state_dict``), so the shared loop, its single host
 read per local update and its replay of a diverged update stay as they are.
@@ -29,8 +29,8 @@ class Wrapper:
         self.base: torch.optim.Optimizer | None = None
         self.params: list[nn.Parameter] = []
 
-    def __call__(self, model: nn.Module, optim: Optim):
-        self.base = engine.optimizer(model, optim)
+    def __call__(self, model: nn.Module, optim: Optim, run=None):
+        self.base = engine.optimizer(model, optim, run=run)
         self.params = list(model.parameters())
         return self
 
@@ -106,8 +106,8 @@ class SAM(Wrapper):
         self.eps: list[torch.Tensor | None] | None = None
         self.w: list[torch.Tensor] | None = None  # the weights w while they sit at w + ε̂
 
-    def __call__(self, model: nn.Module, optim: Optim):
-        super().__call__(model, optim)
+    def __call__(self, model: nn.Module, optim: Optim, run=None):
+        super().__call__(model, optim, run=run)
         self.params = [p for p in self.params if p.requires_grad]
         self.eps, self.w = None, None
         return self

@@ -92,7 +92,7 @@ def train(nets: tuple[nn.Module, nn.Module], data, idx: torch.Tensor, labels: to
                 if out is not None:
                     yield out[0] + out[1]
 
-    values = engine.train_steps(pair, engine.optimizer(pair, optim), gen, losses)
+    values = engine.train_steps(pair, engine.optimizer(pair, optim, run=data.compiled), gen, losses)
     if values and not math.isfinite(values[-1]):
         return float("nan")
     return sum(values) / (2 * len(values)) if values else 0.0
