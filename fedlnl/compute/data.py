@@ -255,6 +255,11 @@ def device_generator(gen: torch.Generator | None, device: torch.device | str,
     return held
 
 
+def forget_device_generator(gen: torch.Generator) -> None:
+    """Drop the device generator ``gen`` stands for: the next draw seeds one anew from ``gen``."""
+    _DEVICE_GENS.pop(gen, None)
+
+
 def child_seed(gen: torch.Generator) -> int:
     """A seed drawn from ``gen``, to feed a numpy sampler torch lacks a generator-aware form of."""
     return int(host_draw(torch.randint(0, 2**62, (1,), generator=gen)))

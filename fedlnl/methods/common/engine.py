@@ -35,7 +35,7 @@ from torch import nn
 
 from fedlnl.compute import compiled
 from fedlnl.compute.data import (HOST_DRAWS, Batch, TensorData, child_seed, device_generator,  # noqa: F401
-                                 host_draw, memory_format)
+                                 forget_device_generator, host_draw, memory_format)
 from fedlnl.methods.common.protocol import OPTIMIZERS, ClientUpdate, Optim
 from fedlnl.models import layers
 
@@ -289,7 +289,7 @@ def train_steps(model: nn.Module, opt: torch.optim.Optimizer, gen: torch.Generat
     them would see its state advanced twice).
     """
     start = (get_weights(model), copy.deepcopy(opt.state_dict()), gen.get_state(), layers.source_state())
-    _DEVICE_GENS.pop(gen, None)  # a device generator for ``gen`` is made anew from ``gen`` in each pass
+    forget_device_generator(gen)  # a device generator for ``gen`` is made anew from ``gen`` in each pass
     kept = []
     for loss in (stepping or losses)():
         kept.append(loss.detach())
@@ -302,7 +302,7 @@ def train_steps(model: nn.Module, opt: torch.optim.Optimizer, gen: torch.Generat
     opt.load_state_dict(start[1])
     gen.set_state(start[2])
     layers.restore_source(start[3])  # the dropout masks of the first pass again
-    _DEVICE_GENS.pop(gen, None)
+    forget_device_generator(gen)
     values = []
     for loss in losses():
         values.append(sgd_step(opt, loss))
