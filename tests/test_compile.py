@@ -21,6 +21,7 @@ from fedlnl.benchmark.rundir import config_hash
 from fedlnl.conf.keys import CELL_DIR_EXCLUDED, NON_RESULT_KEYS
 from fedlnl.methods import fedavg
 from fedlnl.compute import compiled
+from fedlnl.compute import data as compute_data
 
 #: debug=tiny FedAvg: 3 rounds x 3 of 6 clients
 ROUNDS, COHORT = 3, 3
@@ -217,10 +218,10 @@ def deferred_images_equal_eager_ones(augment, device: str) -> None:
                                                     deferred=deferred)), torch.rand(1, generator=gen))
     (eager, after), (lazy, lazy_after) = runs[False], runs[True]
     assert torch.equal(after, lazy_after) and len(eager) == len(lazy) == 3
-    prepare = torch.compile(engine.prepare, dynamic=False)
+    prepare = torch.compile(compute_data.prepare, dynamic=False)
     for (pos, images), (pos2, batch) in zip(eager, lazy):
         assert torch.equal(pos, pos2) and isinstance(batch, engine.Batch)
         _, tensors, static = batch.graph_inputs()
         assert torch.equal(batch.images(), images)
-        assert torch.equal(engine.prepare(*tensors, *static), images)
+        assert torch.equal(compute_data.prepare(*tensors, *static), images)
         assert torch.equal(prepare(*tensors, *static), images)

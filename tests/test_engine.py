@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch import nn
 
-from fedlnl.compute import evaluation
+from fedlnl.compute import data as compute_data, evaluation
 from fedlnl.methods.common import engine
 from fedlnl.methods.common.protocol import Optim, RoundContext
 
@@ -31,7 +31,7 @@ def test_weighted_average_single_client_is_a_copy_and_rejects_bad_counts():
 def test_augment_batch_is_crop_of_padded_image_or_its_mirror():
     g = torch.Generator().manual_seed(0)
     x = torch.rand(64, 3, 8, 8)
-    out = engine.augment_batch(x, g, crop=8, pad=2, flip=True)
+    out = compute_data.augment_batch(x, g, crop=8, pad=2, flip=True)
     assert out.shape == x.shape
     padded = torch.nn.functional.pad(x, (2, 2, 2, 2))
     flips = 0

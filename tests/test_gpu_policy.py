@@ -372,8 +372,8 @@ def test_the_prefetch_issues_batch_k_plus_1_before_batch_k_steps(monkeypatch):
         calls.append(("loss", step))
         return F.cross_entropy(model(xb.flatten(1)), yb)
 
-    def opt_fn(model, optim):
-        opt = engine.optimizer(model, optim)
+    def opt_fn(model, optim, run=None):
+        opt = engine.optimizer(model, optim, run=run)
         opt.register_step_post_hook(lambda *a: calls.append(("step",)))
         return opt
 

@@ -10,8 +10,8 @@ The units compiled, and why these:
   which are copied into the model and the optimiser's state (one ``_foreach_copy_`` each): a pure
   graph, which CUDA graphs can replay (outputs reused next replay, hence the copies). It runs inside
   ``SGD.step``, so the optimiser's step hooks (the runner counts local steps with them) fire as
-  eagerly. Given an ``engine.Batch``, the graph also makes the images from the uint8 batch and its
-  crop+flip draws (``engine.prepare``; drawn outside, in the eager order). On this CPU a client
+  eagerly. Given an ``data.Batch``, the graph also makes the images from the uint8 batch and its
+  crop+flip draws (``data.prepare``; drawn outside, in the eager order). On this CPU a client
   epoch runs 1.17–1.33x faster than eager (``make bench``, README); the two units below, compiled
   apart, were slower than eager here (0.7–0.9x): the autograd engine and the optimiser's Python ran
   between them. A model's buffers (batch-norm statistics) are updated in place inside the graph.
@@ -153,7 +153,7 @@ def loss(run: Run | None, loss_fn: Callable, batch_size: int) -> Callable:
 
 def whole_step(run: Run | None, loss_fn: Callable, opt: torch.optim.Optimizer, batch_size: int) -> Callable | None:
     """``step(model, xb, yb) -> loss``, which takes one whole local step of ``opt`` on ``loss_fn``
-    (``xb``: the images, or an ``engine.Batch`` whose images the graph computes from its uint8 images)
+    (``xb``: the images, or an ``data.Batch`` whose images the graph computes from its uint8 images)
     (compiled for full batches of ``batch_size``, eager for a short last batch or a model with dropout),
     where the run compiles (``run`` not None), ``loss_fn`` is ``pure`` and ``opt`` is a plain momentum SGD
     over one group of parameters; else None (the caller steps on ``loss(run, loss_fn, ...)`` itself)."""
@@ -179,7 +179,7 @@ def _whole_step(loss_fn, model, names, params, buffers, bufs, xb, yb, lr, weight
     """One local step as a function of the weights ``params`` (named ``names`` in ``model``) and the
     momentum buffers ``bufs``: the new weights, the new buffers and the loss. torch's SGD update
     (``torch.optim.sgd``, dampening 0): d = g + λw; b = μb + d; w = w − η·b. ``prepare``: ``xb`` is
-    the tuple of tensors ``prepare(*xb, *static)`` makes the images from (``engine.prepare``)."""
+    the tuple of tensors ``prepare(*xb, *static)`` makes the images from (``data.prepare``)."""
     if prepare is not None:
         xb = prepare(*xb, *static)
     def loss_of(weights, buffers):  # the buffers an argument: batch norm updates them in place
@@ -257,7 +257,7 @@ class SGD(torch.optim.SGD):
                 full = False  # trains a subset of the model's weights: the eager gradients
             else:
                 self._covers = model
-        deferred = not isinstance(xb, torch.Tensor)  # an ``engine.Batch``
+        deferred = not isinstance(xb, torch.Tensor)  # an ``data.Batch``
         if not full:  # eager forward and backward, then the compiled update
             xb = xb.images() if deferred else xb
             with torch.enable_grad():
