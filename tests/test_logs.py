@@ -40,7 +40,22 @@ def test_a_run_logged_to_a_file_holds_no_carriage_return(tmp_path):
                               stderr=subprocess.STDOUT, timeout=600)
     text = log.read_text()
     assert proc.returncode == 0, text[-2000:]
-    assert "round 3/3" in text and "\r" not in text
+    assert "\r" not in text and "fedavg seed 0: best acc" in text  # no frames; the run's end line
+
+
+def test_a_logged_run_says_it_is_alive_once_per_heartbeat():
+    """Not on a terminal, the runner logs a round line when Heartbeat.due(): at most once per
+    ``every`` seconds, never per round (a clock passed in, not time)."""
+    from fedlnl.benchmark.runner import Heartbeat
+
+    now = [0.0]
+    beat = Heartbeat(every=600.0, clock=lambda: now[0])
+    due = []
+    for step in range(1, 41):  # 40 rounds of 50 s each: 2000 s
+        now[0] = 50.0 * step
+        due.append(beat.due())
+    assert [50 * (i + 1) for i, d in enumerate(due) if d] == [600, 1200, 1800]
+    assert Heartbeat.EVERY_S == 600.0
 
 
 def test_plan_cell_names_are_whole_and_relative_to_their_sweep():
