@@ -79,3 +79,28 @@ def test_a_dry_run_prints_every_cell_name_whole(tmp_path):
         rows = [ln for ln in proc.stdout.splitlines() if ln.startswith(name + " ")]
         assert len(rows) == 1, proc.stdout
     assert not (REPO / "results" / "sweeps" / ("s" * 80)).exists()
+
+
+def test_a_redirected_run_on_images_logs_each_decoded_split_in_two_lines(tmp_path):
+    """A single run decodes its images before Hydra sets logging up: its start and end lines still
+    reach the redirected log (on stderr), and no bar frame does."""
+    from PIL import Image
+
+    for split in ("train", "test"):
+        for c in ("a", "b", "c"):
+            folder = tmp_path / "img" / split / c
+            folder.mkdir(parents=True)
+            for i in range(20):
+                Image.fromarray(np.full((6, 6, 3), 10 * i, dtype=np.uint8)).save(folder / f"{i}.png")
+    log = tmp_path / "run.log"
+    with log.open("w") as fh:
+        proc = subprocess.run([sys.executable, "-m", "fedlnl.benchmark.run", *TINY, "dataset=folder",
+                               f"dataset.root={tmp_path / 'img'}", f"dataset.cache_dir={tmp_path / 'cache'}",
+                               "dataset.workers=1", f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path, env=ENV,
+                              stdout=fh, stderr=subprocess.STDOUT, timeout=600)
+    text = log.read_text()
+    assert proc.returncode == 0, text[-2000:]
+    assert "\r" not in text
+    for split in ("train", "test"):
+        assert [ln for ln in text.splitlines() if f"decoding img/{split}:" in ln] == [
+            f"[fedlnl] decoding img/{split}: 60 images", f"[fedlnl] decoding img/{split}: done"], text[:2000]
