@@ -385,3 +385,21 @@ def test_the_configuration_reference_lists_every_method():
     listed = {name for line in table for name in re.findall(r"`([a-z_0-9]+)`", line.split(" | ")[0])}
     methods = {p.stem for p in (REPO / "fedlnl" / "conf" / "method").glob("*.yaml")}
     assert not sorted(methods - listed), f"docs/configuration.md lacks: {sorted(methods - listed)}"
+
+
+def test_the_configuration_reference_lists_every_option_of_each_group():
+    """The "What is available" table of docs/configuration.md (one row per group: dataset, partition,
+    noise, model, logger) names every YAML of fedlnl/conf/<group>/ and none that is not there: a new
+    dataset, partition, noise model, model or logger cannot be missing from it either."""
+    text = (REPO / "docs" / "configuration.md").read_text()
+    rows = {}
+    for line in text.splitlines():
+        if m := re.match(r"\| `(\w+)` \| (.*) \|$", line):
+            if (REPO / "fedlnl" / "conf" / m.group(1)).is_dir() and m.group(1) != "method":
+                # bare option names only: `key=value` spans (e.g. `noise.map=`) are not options
+                rows[m.group(1)] = set(re.findall(r"`([a-z_0-9]+)`", m.group(2)))
+    assert set(rows) == {"dataset", "partition", "noise", "model", "logger"}, sorted(rows)
+    for group, listed in rows.items():
+        options = {p.stem for p in (REPO / "fedlnl" / "conf" / group).glob("*.yaml")}
+        assert not sorted(options - listed), f"docs/configuration.md's `{group}` row lacks {sorted(options - listed)}"
+        assert not sorted(listed - options), f"docs/configuration.md's `{group}` row names {sorted(listed - options)}"

@@ -40,7 +40,22 @@ def test_a_run_logged_to_a_file_holds_no_carriage_return(tmp_path):
                               stderr=subprocess.STDOUT, timeout=600)
     text = log.read_text()
     assert proc.returncode == 0, text[-2000:]
-    assert "round 3/3" in text and "\r" not in text
+    assert "\r" not in text and "fedavg seed 0: best acc" in text  # no frames; the run's end line
+
+
+def test_a_logged_run_says_it_is_alive_once_per_heartbeat():
+    """Not on a terminal, the runner logs a round line when Heartbeat.due(): at most once per
+    ``every`` seconds, never per round (a clock passed in, not time)."""
+    from fedlnl.benchmark.runner import Heartbeat
+
+    now = [0.0]
+    beat = Heartbeat(every=600.0, clock=lambda: now[0])
+    due = []
+    for step in range(1, 41):  # 40 rounds of 50 s each: 2000 s
+        now[0] = 50.0 * step
+        due.append(beat.due())
+    assert [50 * (i + 1) for i, d in enumerate(due) if d] == [600, 1200, 1800]
+    assert Heartbeat.EVERY_S == 600.0
 
 
 def test_plan_cell_names_are_whole_and_relative_to_their_sweep():
@@ -64,3 +79,28 @@ def test_a_dry_run_prints_every_cell_name_whole(tmp_path):
         rows = [ln for ln in proc.stdout.splitlines() if ln.startswith(name + " ")]
         assert len(rows) == 1, proc.stdout
     assert not (REPO / "results" / "sweeps" / ("s" * 80)).exists()
+
+
+def test_a_redirected_run_on_images_logs_each_decoded_split_in_two_lines(tmp_path):
+    """A single run decodes its images before Hydra sets logging up: its start and end lines still
+    reach the redirected log (on stderr), and no bar frame does."""
+    from PIL import Image
+
+    for split in ("train", "test"):
+        for c in ("a", "b", "c"):
+            folder = tmp_path / "img" / split / c
+            folder.mkdir(parents=True)
+            for i in range(20):
+                Image.fromarray(np.full((6, 6, 3), 10 * i, dtype=np.uint8)).save(folder / f"{i}.png")
+    log = tmp_path / "run.log"
+    with log.open("w") as fh:
+        proc = subprocess.run([sys.executable, "-m", "fedlnl.benchmark.run", *TINY, "dataset=folder",
+                               f"dataset.root={tmp_path / 'img'}", f"dataset.cache_dir={tmp_path / 'cache'}",
+                               "dataset.workers=1", f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path, env=ENV,
+                              stdout=fh, stderr=subprocess.STDOUT, timeout=600)
+    text = log.read_text()
+    assert proc.returncode == 0, text[-2000:]
+    assert "\r" not in text
+    for split in ("train", "test"):
+        assert [ln for ln in text.splitlines() if f"decoding img/{split}:" in ln] == [
+            f"[fedlnl] decoding img/{split}: 60 images", f"[fedlnl] decoding img/{split}: done"], text[:2000]

@@ -16,7 +16,6 @@ import math
 import os
 import shutil
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -48,6 +47,25 @@ from fedlnl.models.layers import random_source
 from fedlnl.methods.common.protocol import ALL_CLIENTS, ClientView, RoundContext
 
 log = logging.getLogger("fedlnl")
+
+class Heartbeat:
+    """Where the run's output is not a terminal (a redirected or SLURM log) a run logs its start and its
+    end; ``due()`` adds one round line per ``every`` seconds in between, so a log of a run of hours
+    shows it is alive without a line per round or per tenth of the rounds (issue 35)."""
+
+    EVERY_S = 600.0
+
+    def __init__(self, every: float = EVERY_S, clock=time.monotonic):
+        self.every, self.clock = every, clock
+        self.last = clock()
+
+    def due(self) -> bool:
+        now = self.clock()
+        if now - self.last < self.every:
+            return False
+        self.last = now
+        return True
+
 
 def git_commit() -> str | None:
     try:
@@ -248,7 +266,8 @@ class Runner:
         last_ck = time.monotonic()
         counter = register_optimizer_step_post_hook(self._count_step)
         bar = tqdm(range(start, self.total), desc=f"{self.method_name} s{self.cfg.seed}", unit="rnd",
-                   dynamic_ncols=True, disable=None, leave=False)
+                   dynamic_ncols=True, disable=None, leave=False)  # None: a bar on a terminal only
+        beat = Heartbeat()
         # the compiled step reaches every local-training loop with the training data it reads (after
         # ``init``: an optimiser a method builds there is eager, as it always was)
         self.train.compiled = compiled.start(bool(self.cfg.get("compile", False)), self.device)
@@ -275,8 +294,9 @@ class Runner:
                         status = "diverged"
                         log.warning("run diverged at round %d (non-finite loss)", rnd + 1)
                         break
-                if not sys.stderr.isatty() and (rnd + 1) % max(self.total // 10, 1) == 0:
-                    log.info("round %d/%d acc=%s", rnd + 1, self.total, self.rows[-1]["acc"] if self.rows else None)
+                if bar.disable and beat.due():  # a log, not a terminal: no per-round lines, a sign of life
+                    log.info("%s s%d: round %d/%d acc=%s", self.method_name, self.cfg.seed, rnd + 1, self.total,
+                             self.rows[-1]["acc"] if self.rows else None)
                 if rnd + 1 == self.total:
                     break
                 if self.prefix is not None:

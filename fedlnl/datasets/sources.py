@@ -274,6 +274,16 @@ def _write_cache(path: Path, **arrays) -> None:
         warnings.warn(f"could not write the image cache {path}: {err}", stacklevel=3)
 
 
+def _say(message: str) -> None:
+    """One progress line: through the ``fedlnl`` logger once logging is set up (a Hydra job, a sweep's
+    checks), else on stderr (a single run's checks decode the data before Hydra sets logging up)."""
+    logger = logging.getLogger("fedlnl")
+    if logger.hasHandlers() and logger.isEnabledFor(logging.INFO):
+        logger.info("%s", message)
+    else:
+        print(f"[fedlnl] {message}", file=sys.stderr, flush=True)
+
+
 def _decode_all(paths: list[Path], size, workers: int | None, desc: str,
                 skip_corrupt: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """Decode (and maybe resize) every image to RGB; returns (uint8 [n', 3, H, W], the positions
@@ -284,7 +294,7 @@ def _decode_all(paths: list[Path], size, workers: int | None, desc: str,
     # a bar on a terminal only (disable=None); a redirected log gets a start and an end line instead
     quiet = not sys.stderr.isatty()
     if quiet:
-        logging.getLogger("fedlnl").info("%s: %d images", desc, len(paths))
+        _say(f"{desc}: {len(paths)} images")
     with tqdm(total=len(paths), desc=desc, unit="img", leave=False, disable=None) as bar:
         if workers <= 1 or len(chunks) <= 1:
             results = map(_decode_chunk, chunks, [size] * len(chunks))
@@ -293,7 +303,7 @@ def _decode_all(paths: list[Path], size, workers: int | None, desc: str,
             with Pool(workers) as pool:
                 images = _collect(pool.imap(_decode_task, [(c, size) for c in chunks]), bar)
     if quiet:
-        logging.getLogger("fedlnl").info("%s: done", desc)
+        _say(f"{desc}: done")
     bad = [i for i, im in enumerate(images) if isinstance(im, str)]
     if bad and (not skip_corrupt or len(bad) == len(paths)):
         more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
