@@ -135,3 +135,32 @@ def test_centralized_rows_become_reference_lines(tmp_path: Path):
     assert list(kept["(0,0)"]) == ["fedavg"] and refs == {"(0,0)": {"jointopt_central": 91.0, "zero_cost": 40.0}}
     path = plots.plot_acc_vs_cost(kept, tmp_path / "acc.png", refs)
     assert path.stat().st_size > 0
+
+
+def test_run_figures_drawn_in_two_processes_are_the_same_files(tmp_path: Path, caplog, monkeypatch):
+    """A report's run figures spread over processes (figures.draw_runs): the same PNG bytes as drawn
+    in this process, and a drawing process's warning reaches the report's log."""
+    from fedlnl.benchmark.report import figures
+
+    runs = []
+    for k in range(4):
+        run = tmp_path / f"run{k}"
+        write_fake_run(run, "fedcorr", k, 0.6)
+        runs.append(run)
+    diag = json.loads((runs[2] / "diagnostics.json").read_text())
+    diag["records"]["lid"]["gmm"] = {"means": [1.0]}  # no variances: that run loses lid_gmm.png, with a warning
+    (runs[2] / "diagnostics.json").write_text(json.dumps(diag))
+    jobs = lambda out: [(run, out / run.name, run.name, "acc") for run in runs]  # noqa: E731
+    monkeypatch.setattr(figures, "RUNS_PER_PROCESS", 10**6)
+    assert figures.processes(len(runs)) == 1
+    figures.draw_runs(jobs(tmp_path / "one"))
+    monkeypatch.setattr(figures, "RUNS_PER_PROCESS", 2)
+    monkeypatch.setattr(figures.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    assert figures.processes(len(runs)) == 2
+    caplog.clear()
+    figures.draw_runs(jobs(tmp_path / "two"))
+    assert "run2" in caplog.text and "no lid_gmm.png" in caplog.text
+    one = sorted(p.relative_to(tmp_path / "one") for p in (tmp_path / "one").rglob("*.png"))
+    two = sorted(p.relative_to(tmp_path / "two") for p in (tmp_path / "two").rglob("*.png"))
+    assert one == two and len(one) == 4 * len(FIGURES) - 1
+    assert all((tmp_path / "one" / p).read_bytes() == (tmp_path / "two" / p).read_bytes() for p in one)

@@ -5,8 +5,12 @@ import functools
 import json
 import logging
 import math
+import multiprocessing
+import os
 import re
+import signal
 from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -250,6 +254,58 @@ def write_figures(frame: pd.DataFrame, out: Path, rows: str, by: Sequence[str], 
     if points:
         plots.plot_clients(points, out / "clients.png", "Test accuracy per client vs its realised noise rate "
                            "(lowest complete seed of each cell, at its reported round)", row_families(frame, rows))
-    for run_dir, name, title in figure_runs(frame, rows, by, mode):
-        run_figures(run_dir, out / "runs" / name, title, curve)
+    jobs = [(run_dir, out / "runs" / name, title, curve) for run_dir, name, title in figure_runs(frame, rows, by, mode)]
+    draw_runs(jobs)
+
+
+#: runs per process below which the run figures are drawn in this process: a drawing process costs
+#: ~2 s of imports, one run's figures ~0.5-1 s (matplotlib's constrained layout and PNG encoding)
+RUNS_PER_PROCESS = 8
+
+
+def processes(num_runs: int) -> int:
+    """How many processes draw ``num_runs`` runs' figures: one per CPU this process may use, at
+    most one per ``RUNS_PER_PROCESS`` runs (1: in this process)."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(cpus, num_runs // RUNS_PER_PROCESS))
+
+
+def draw_runs(jobs: list[tuple[Path, Path, str, str]]) -> None:
+    """``run_figures`` for every (run dir, out, title, curve): the report's largest part (a few
+    figures per run, each drawn and encoded by itself), spread over the CPUs. Each figure is the
+    same file whichever process draws it; the drawing processes' warnings are logged here."""
+    workers = processes(len(jobs))
+    if workers == 1:
+        for job in jobs:
+            run_figures(*job)
+        return
+    # spawn: a fresh interpreter (never a fork of this process and its threads); the workers ignore
+    # Ctrl-C, which stops this process: the runs not started are cancelled, the running ones finish
+    pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
+                               initializer=signal.signal, initargs=(signal.SIGINT, signal.SIG_IGN))
+    try:
+        for warnings in pool.map(_run_figures_quietly, jobs):
+            for level, message in warnings:
+                log.log(level, "%s", message)
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _run_figures_quietly(job: tuple[Path, Path, str, str]) -> list[tuple[int, str]]:
+    """``run_figures`` in a drawing process; returns its log records (level, message) for the report's log."""
+    records: list[tuple[int, str]] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append((record.levelno, record.getMessage()))
+
+    keep = Keep(logging.WARNING)
+    log.addHandler(keep)
+    log.propagate = False
+    try:
+        run_figures(*job)
+    finally:
+        log.removeHandler(keep)
+        log.propagate = True
+    return records
 
