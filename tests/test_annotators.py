@@ -6,6 +6,7 @@ import pytest
 
 from conftest import SHARED, run_tiny
 from fedlnl.benchmark.rundir import config_hash
+from fedlnl.datasets.options import check_noise
 from fedlnl.datasets import noise as noise_mod
 from fedlnl.datasets.noise import ANNOTATORS, PUBLISHED_RATES, assign_annotators
 
@@ -43,7 +44,7 @@ def test_the_nominal_rate_is_the_assignments_mean_of_the_published_rates():
 ])
 def test_bad_weights_are_one_line(weights, label_set, message):
     with pytest.raises(Exception) as err:
-        noise_mod._check_cifarn({"label_set": label_set, "file": "x", "annotator_weights": weights})
+        check_noise({"kind": "cifarn", "label_set": label_set, "file": "x", "annotator_weights": weights})
     assert message in str(err.value) and "noise.annotator_weights" in str(err.value)
 
 

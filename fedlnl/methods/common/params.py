@@ -25,10 +25,16 @@ import functools
 import math
 import inspect
 from dataclasses import dataclass
-from typing import Callable, ClassVar, Sequence
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Mapping, Sequence
 
 from fedlnl.conf.checks import key, number, rule  # noqa: F401 (rule: the methods write their fields with it)
-from fedlnl.methods.common.plans import UpdatePlan, client_size, local_steps
+from fedlnl.methods.common.plans import Planned, UpdatePlan, client_size, local_steps
+
+if TYPE_CHECKING:  # annotations only: this module stays torch-free
+    from torch import nn
+
+    from fedlnl.methods.common.protocol import ClientUpdate, ClientView, FederationInfo, RoundContext
 
 #: the config path a method's own keys are shown under in error messages
 PREFIX = "method."
@@ -149,64 +155,97 @@ class Params:
 
 
 class Method:
-    """The one base class of every method: keeps the shared ``fl`` settings (``self.fl``) and the
-    method's ``Params`` (each field readable as ``self.<name>``), and declares the whole contract
-    with the runner (``fedlnl.methods.common.protocol`` for the types it hands over).
+    """Base of every method: the plugin contract the runner calls (``fedlnl.benchmark.runner``).
 
-    Required (no default): ``init(model, info, ctx) -> state``, ``sample_clients(state, ctx) ->
-    list[int]``, ``client_update(state, client, ctx) -> ClientUpdate``, ``aggregate(state, updates,
-    ctx) -> (state, metrics)``, ``eval_model(state) -> nn.Module`` (FedAvg implements all five; a
-    FedAvg variant overrides what differs). Class attributes: ``Params``, ``family`` (one of
-    ``families.FAMILIES``: the report's group; every shipped method names one), ``fl_unused``.
-    Optional hooks, each a method below with its documented default."""
+    A method subclasses it (or a method that does: FedProx extends ``FedAvg``), names its ``Params``
+    and its ``family``, and implements the five required hooks; every optional hook below is a
+    method with the default the runner relies on, overridden where the method differs (as a
+    Lightning callback). The runner's loop::
+
+        state = method.init(model, info, ctx0)
+        for round in range(method.total_rounds(info, fl.rounds)):
+            ids = method.sample_clients(state, ctx)
+            updates = [method.client_update(state, view(k), ctx) for k in ids]
+            state, metrics = method.aggregate(state, updates, ctx)
+            evaluate(method.eval_model(state))
+
+    The method is built as ``cls(fl=FLSettings(...), **its YAML keys)``: ``__init__`` keeps ``fl``
+    and builds ``self.params`` (each field reads as ``self.<key>``).
+    """
 
     Params: ClassVar[type[Params]] = Params
-    #: the report's group of the method (one of ``families.FAMILIES``); None: not grouped
+    #: the report's table group (one of ``fedlnl.methods.common.families.FAMILIES``); every method
+    #: class declares its own (a subclass does not inherit its parent's by accident: a test checks)
     family: ClassVar[str | None] = None
     #: the shared ``fl`` keys the method does not read, with the reason (a typed override of one is
-    #: refused rather than ignored); default: it reads every key
-    fl_unused: ClassVar[dict[str, str]] = {}
+    #: refused rather than ignored); e.g. ``{"rounds": "its schedule is method.T1 + method.T2"}``
+    fl_unused: Mapping[str, str] = MappingProxyType({})
 
     def __init__(self, fl, *args, **values):
         self.fl = fl
         self.params = self.Params(*args, **values)
 
-    def total_rounds(self, info, rounds: int) -> int:
-        """Rounds the run takes, given ``rounds`` = ``fl.rounds`` (the FedAvg-equivalent budget);
-        default: ``fl.rounds``. Override for a method with its own schedule (stages)."""
+    # ----------------------------------------------------------------- required hooks
+    def init(self, model: nn.Module, info: FederationInfo, ctx: RoundContext) -> Any:
+        """The server state before round 0 (global weights, the one working model, ...)."""
+        raise NotImplementedError(f"{type(self).__name__}.init")
+
+    def sample_clients(self, state: Any, ctx: RoundContext) -> list[int]:
+        """The clients that train in round ``ctx.round`` (``[ALL_CLIENTS]``: the pooled data)."""
+        raise NotImplementedError(f"{type(self).__name__}.sample_clients")
+
+    def client_update(self, state: Any, client: ClientView, ctx: RoundContext) -> ClientUpdate:
+        """Client ``client.client``'s local step on its observed labels."""
+        raise NotImplementedError(f"{type(self).__name__}.client_update")
+
+    def aggregate(self, state: Any, updates: list[ClientUpdate], ctx: RoundContext) -> tuple[Any, dict]:
+        """The server step: (new state, metrics of the round; ``stage`` names a stage)."""
+        raise NotImplementedError(f"{type(self).__name__}.aggregate")
+
+    def eval_model(self, state: Any) -> nn.Module:
+        """The model the runner tests after the round."""
+        raise NotImplementedError(f"{type(self).__name__}.eval_model")
+
+    # ----------------------------------------------------------------- optional hooks
+    def total_rounds(self, info: FederationInfo, rounds: int) -> int:
+        """Rounds the runner runs, given ``rounds`` = ``fl.rounds`` (the FedAvg-equivalent budget).
+        Default: ``rounds``. A method with its own schedule (stages) returns its length."""
         return int(rounds)
 
-    def shared_prefix(self, info, method_cfg: dict) -> tuple[int, dict] | None:
-        """``(rounds, method_cfg')``: the first ``rounds`` rounds depend on the method's config only
-        through ``method_cfg'`` (FedCorr: its config without ``stage3``), so runs of equal
-        ``method_cfg'`` share them (``reuse_prefix``, benchmark/rundir.py); default None: no prefix."""
-        return None
-
     def nested(self) -> dict[str, "Method"]:
-        """The methods this one runs inside itself, by config key (FedCorr's ``stage3``); default none.
-        Their typed ``fl`` keys are checked and their local-training values recorded like the method's."""
+        """The methods this one runs inside it, by their config key (FedCorr's ``stage3``); their
+        ``fl`` keys, pins and search spaces are checked as the outer method's. Default: none."""
         return {}
 
-    def nested_rounds(self, key: str, info) -> int | None:
-        """Rounds the nested method ``key`` runs (summary.json ``effective``); default None: unknown."""
+    def nested_rounds(self, key: str, info: FederationInfo) -> int | None:
+        """Rounds the nested method ``key`` runs (recorded in summary.json ``effective``); None:
+        not recorded. Default: None."""
         return None
 
-    def plan_clients(self, ctx):
-        """A round's clients as planned before training (``dry_run``): a list of client ids or a
-        ``plans.Planned``; default ``sample_clients(None, ctx)`` (sampling that reads no state; a
-        method whose ``sample_clients`` reads ``state`` must override it). Where training decides,
-        return an upper bound marked inexact. The end-to-end tests compare every plan with its run."""
+    def shared_prefix(self, info: FederationInfo, method_cfg: dict) -> tuple[int, dict] | None:
+        """``(rounds, method_cfg')``: the first ``rounds`` rounds depend on the method's config only
+        through ``method_cfg'`` (FedCorr: its config without ``stage3``), so runs of equal
+        ``method_cfg'`` (other config, code and device identity equal) start after those rounds from
+        the state the first of them saved (``reuse_prefix``). Default: None (no shared prefix)."""
+        return None
+
+    def plan_clients(self, ctx: RoundContext) -> list[int] | Planned:
+        """Round ``ctx.round``'s clients for a plan (``dry_run=true``), without training: the code
+        ``sample_clients`` uses. Default: ``sample_clients(None, ctx)``; a method whose sampling reads
+        ``state`` overrides it (a ``Planned`` with ``exact=False`` where training decides)."""
         return self.sample_clients(None, ctx)
 
-    def plan_update(self, ctx, k: int, info, model) -> UpdatePlan:
-        """Client ``k``'s update as planned before training: default one local training of
-        ``fl.local_epochs`` passes over its samples in batches of ``fl.batch_size``, uploading the
-        model (``engine.train_from_global``)."""
+    def plan_update(self, ctx: RoundContext, k: int, info: FederationInfo, model: nn.Module) -> UpdatePlan:
+        """Client ``k``'s optimiser steps and uploads in round ``ctx.round`` for a plan. Default: one
+        ``engine.train_from_global`` of ``fl.local_epochs`` passes over its samples in batches of
+        ``fl.batch_size``, uploading the model. Where training decides a figure, an override returns an
+        upper bound marked inexact; the end-to-end tests compare every plan with its finished run."""
         return UpdatePlan(local_steps(client_size(info, k), self.fl.local_epochs, self.fl.batch_size))
 
+    # ----------------------------------------------------------------- derived
     @property
     def noise_rate_key(self) -> str | None:
-        """The rate field set to ``noise``, if any."""
+        """The rate field set to ``noise``, if any (preflight then needs a known noise rate)."""
         return next((f.name for f in dataclasses.fields(self.params)
                      if f.metadata.get("rate") and getattr(self.params, f.name) == NOISE), None)
 
