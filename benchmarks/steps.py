@@ -46,13 +46,17 @@ class Traffic(TorchFunctionMode):
 
     def __init__(self):
         super().__init__()
-        self.reads = self.moves = 0
+        self.reads = self.moves = self.host_draws = 0
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         name = getattr(func, "__name__", "")
         if name in READS:
-            self.reads += HOST_DRAWS["depth"] == 0  # engine.host_draw: a CPU generator's value, no device
+            # engine.host_draw: a CPU generator's value (mixup's λ, FedLSR's ω), which never waits for a
+            # device; counted apart (shared/tools/step_traffic.py counts it as a read)
+            drawn = HOST_DRAWS["depth"] > 0
+            self.reads += not drawn
+            self.host_draws += drawn
 
         elif name in ("to", "cuda", "pin_memory"):
             rest = list(args[1:]) + list(kwargs.values())
@@ -100,7 +104,8 @@ def count_run(method: str, epochs: int, extra=(), ops: bool = True) -> dict:
     finally:
         hook.remove()
     assert out["status"] == "complete", out
-    return {"reads": traffic.reads, "moves": traffic.moves, "ops": opc.n, "steps": steps["n"]}
+    return {"reads": traffic.reads, "moves": traffic.moves, "host_draws": traffic.host_draws, "ops": opc.n,
+            "steps": steps["n"]}
 
 
 def warm(method: str, extra=()) -> None:
@@ -129,7 +134,7 @@ def per_step(method: str, epochs=(1, 3), extra=(), ops: bool = True) -> dict:
     extra_steps = hi["steps"] - lo["steps"]
     if extra_steps <= 0:
         raise RuntimeError(f"{method}: {epochs} local epochs ran {lo['steps']} and {hi['steps']} steps")
-    out = {k: (hi[k] - lo[k]) / extra_steps for k in ("reads", "moves", "ops")}
+    out = {k: (hi[k] - lo[k]) / extra_steps for k in ("reads", "moves", "host_draws", "ops")}
     return {**out, "steps": (lo["steps"], hi["steps"])}
 
 
@@ -199,18 +204,20 @@ def main(argv=None):
     logging.disable(logging.WARNING)
     print(f"per local step (1 vs 3 local epochs, tiny federation, 8x8 crop+flip, batch 4); "
           f"GPU-hours per 1e6 steps at {args.us_per_launch:g} us per dispatched op")
-    print(f"| method | host reads / step | device moves / step | aten ops / step | GPU-h / 1e6 steps |")
-    print("|---|---|---|---|---|")
+    print(f"| method | host reads / step | device moves / step | host-generator draws / step | aten ops / step "
+          f"| GPU-h / 1e6 steps |")
+    print("|---|---|---|---|---|---|")
     for m in args.methods or method_names():
         try:
             r = per_step(m)
         except Exception as e:  # one broken method must not hide the others' figures
-            print(f"| {m} | error: {type(e).__name__}: {str(e)[:80]} | | | |")
+            print(f"| {m} | error: {type(e).__name__}: {str(e)[:80]} | | | | |")
             continue
         hours = r["ops"] * args.us_per_launch * 1e-6 * 1e6 / 3600
         if args.json:
             print(json.dumps({"method": m, **r}))
-        print(f"| {m} | {r['reads']:.2f} | {r['moves']:.2f} | {r['ops']:.0f} | {hours:.2f} |", flush=True)
+        print(f"| {m} | {r['reads']:.2f} | {r['moves']:.2f} | {r['host_draws']:.2f} | {r['ops']:.0f} | {hours:.2f} |",
+              flush=True)
     for model in ("lenet", "resnet18"):
         ops = term_ops(model)
         print(f"{model}: aten ops of one SGD step, {len(ops)} forms in this process: "

@@ -78,6 +78,19 @@ def test_a_cpu_run_keeps_torchs_defaults_in_either_mode(torch_flags, mode):
                                           "torch": torch.__version__}
 
 
+def test_a_cpu_run_does_not_import_the_compiler_to_set_a_flag_already_off():
+    """torch.use_deterministic_algorithms imports torch._inductor (~1 s a process): a CPU run, whose
+    flag is already off, skips the call (every worker and every single run paid it before)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, torch; from fedlnl.benchmark import device; "
+            "device.apply_determinism(torch.device('cpu'), 'strict'); "
+            "print('torch._inductor' in sys.modules, torch.are_deterministic_algorithms_enabled())")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["False", "False"]
+
+
 def test_cuda_index_beyond_the_visible_devices_is_refused(fake_cuda):
     with pytest.raises(ConfigError, match=r"device='cuda:2' is invalid: 2 CUDA device\(s\) visible, allowed cuda:0 to cuda:1"):
         device.resolve_device("cuda:2")

@@ -83,7 +83,10 @@ def apply_determinism(dev: torch.device, mode: str) -> None:
     if mode not in DETERMINISM:
         raise ConfigError(f"determinism={mode!r} is invalid: allowed {', '.join(DETERMINISM)}")
     strict = mode == "strict" and dev.type != "cpu"
-    torch.use_deterministic_algorithms(strict)
+    if torch.are_deterministic_algorithms_enabled() != strict:
+        # only on a change: the call imports torch._inductor (~1 s a process, every CPU run paid it for
+        # a flag already off); the flag it also sets (inductor's) follows the last such call
+        torch.use_deterministic_algorithms(strict)
     torch.backends.cudnn.deterministic = strict
     torch.backends.cudnn.benchmark = mode == "fast" and dev.type == "cuda"
     tf32 = mode == "fast" and dev.type == "cuda"
