@@ -6,7 +6,9 @@ soon as its YAML exists.
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
+import functools
 import json
 import re
 
@@ -273,9 +275,18 @@ def _own_keys():
     return out
 
 
+@functools.lru_cache(maxsize=None)
+def _composed(method: str):
+    return compose_cfg([f"method={method}"])
+
+
 @pytest.mark.parametrize("method, key", _own_keys())
 def test_every_method_hyperparameter_refuses_a_wrong_type(method, key):
-    """A text where the YAML has a number, flag or choice is refused in one line naming the key."""
+    """A text where the YAML has a number, flag or choice is refused in one line naming the key (the
+    value set on the method's composed config, as Hydra's override ``method.KEY=not_a_value`` sets it:
+    one composition per method instead of one per key)."""
     override = f"method.{key}=not_a_value"
+    cfg = copy.deepcopy(_composed(method))
+    OmegaConf.update(cfg, f"method.{key}", "not_a_value", merge=False)
     with pytest.raises(ConfigError, match=rf"^method\.{key}='not_a_value' is invalid: allowed "):
-        build_method(compose_cfg([f"method={method}", override]), [override])
+        build_method(cfg, [override])
