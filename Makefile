@@ -11,7 +11,7 @@ TORCH  ?= torch==2.14.1 torchvision==0.29.1
 endif
 PYTEST_ARGS ?= -q -n 2
 
-.PHONY: install run test test-slurm bench bench-gpu clean
+.PHONY: install run test test-slow test-slurm bench bench-gpu clean
 
 install: $(STAMP)
 
@@ -40,6 +40,11 @@ BENCH_ROUNDS ?= 10
 # Sweeps through a throw-away single-node SLURM cluster (tests/slurm/cluster.py: as root, installs
 # slurm, munge and mariadb with apt-get when missing; stops its daemons whatever the tests do).
 # Where the cluster cannot start it prints one "test-slurm: skipped: <why>" line and succeeds.
+# The long multi-process checks (pytest -m slow: joblib sweeps stopped by signals, the presets' golden
+# fixture, ablation rows, a 10-method quickstart): CI runs them after `make test`.
+test-slow: $(STAMP)
+	$(PY) -m pytest $(PYTEST_ARGS) -m slow
+
 test-slurm: $(STAMP)
 	$(PY) tests/slurm/cluster.py -- $(PY) -m pytest -q -s -p no:xdist -m slurm tests/slurm
 

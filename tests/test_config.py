@@ -235,6 +235,7 @@ def _expected_new(cell: str, old_key: str, old_value, cfg, built, resolved):
     return node[key], f"method.{old_key}"
 
 
+@pytest.mark.slow  # CI runs it (make test-slow); the default suite stays short
 @pytest.mark.parametrize("preset", sorted({c.split()[0] for c in FIXTURE}))
 def test_presets_compose_to_the_effective_values_of_before(preset):
     GlobalHydra.instance().clear()

@@ -137,6 +137,7 @@ def test_centralized_rows_become_reference_lines(tmp_path: Path):
     assert path.stat().st_size > 0
 
 
+@pytest.mark.slow  # CI runs it (make test-slow); the default suite stays short
 def test_run_figures_drawn_in_two_processes_are_the_same_files(tmp_path: Path, caplog, monkeypatch):
     """A report's run figures spread over processes (figures.draw_runs): the same PNG bytes as drawn
     in this process, and a drawing process's warning reaches the report's log."""

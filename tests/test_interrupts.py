@@ -166,6 +166,7 @@ def stop_line(out: str) -> str:
     return lines[0]
 
 
+@pytest.mark.slow  # CI runs it (make test-slow); the default suite stays short
 def test_ctrl_c_to_a_joblib_sweep_saves_each_running_cell_and_exits_130(tmp_path):
     """Ctrl-C in a terminal reaches the whole process group: each worker's cell saves its round, the
     queued cell never starts (Hydra writes nothing for it), the sweep exits 130 with one line saying
@@ -194,6 +195,7 @@ def test_ctrl_c_to_a_joblib_sweep_saves_each_running_cell_and_exits_130(tmp_path
     assert all(summary_of(c)["status"] == "complete" for c in cells.values())
 
 
+@pytest.mark.slow  # CI runs it (make test-slow); the default suite stays short
 def test_kill_of_a_joblib_sweep_stops_its_workers_instead_of_orphaning_them(tmp_path):
     """``kill <sweep pid>`` reaches the launcher alone: it passes the signal on to its workers, each
     saves its cell, and the sweep exits 143 once they are done: no worker goes on training."""
@@ -212,6 +214,7 @@ def test_kill_of_a_joblib_sweep_stops_its_workers_instead_of_orphaning_them(tmp_
     wait_group_gone(proc.pid)
 
 
+@pytest.mark.slow  # CI runs it (make test-slow); the default suite stays short
 def test_sigterm_to_one_joblib_worker_stops_its_cell_and_lets_the_other_finish(tmp_path):
     """A SIGTERM to one worker (its pid is in the cell's .lock) stops that cell, saved; the other
     worker's cell completes; the sweep ends with one line and 143, not TerminatedWorkerError."""

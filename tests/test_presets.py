@@ -265,6 +265,7 @@ def _ablation_runs(tmp_path, preset: str, extra: list[str]) -> dict[str, str]:
     return out
 
 
+@pytest.mark.slow  # CI runs it (make test-slow); the default suite stays short
 @pytest.mark.parametrize("preset, extra", [("fedcorr_t6", ["noise.rho_tau=[0.6,0.5]"]),
                                            ("feddiv_t5", ["column=cifar100_noniid"])])
 def test_every_ablation_row_differs_from_the_full_method_at_tiny_size(tmp_path, preset, extra):

@@ -172,6 +172,7 @@ def test_cd_diagram_colours_labels_by_family(tmp_path: Path):
     assert path.stat().st_size > 2000
 
 
+@pytest.mark.slow  # CI runs it (make test-slow); the default suite stays short
 def test_tiny_quickstart_of_ten_methods_is_grouped_end_to_end(tmp_path: Path):
     """The quickstart restricted on the command line to 10 methods of all 5 families (one seed, its
     noisy cell, one job at a time), then fedlnl-report: tables grouped, every figure drawn."""

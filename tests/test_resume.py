@@ -158,6 +158,7 @@ def test_killed_sweep_reruns_only_missing_cells(tmp_path):
     assert s["preset"] == "fedcorr_t2" and s["setting"]["rho"] == 0.6 and s["rounds_run"] == 3
 
 
+@pytest.mark.slow  # CI runs it (make test-slow); the default suite stays short
 def test_joblib_launcher_runs_cells_in_parallel(tmp_path):
     """Two parallel jobs without a threads= override: each job's torch gets its share of the cores
     (joblib's loky workers cap the thread pools at cpu_count // n_jobs), not every core."""
@@ -214,6 +215,7 @@ def _run_cmd(*args, rounds: int = 12) -> list[str]:
             "device=cpu", "threads=1", f"fl.rounds={rounds}", *NOISY]
 
 
+@pytest.mark.slow  # CI runs it (make test-slow); the default suite stays short
 @pytest.mark.parametrize("sig, sweep", [("SIGTERM", False), ("SIGUSR1", True)])
 def test_a_signal_saves_the_round_marks_it_interrupted_and_the_rerun_resumes(tmp_path, sig, sweep):
     """What SLURM sends at preemption and time limits: the round in progress finishes, a checkpoint
@@ -252,6 +254,7 @@ def test_a_signal_saves_the_round_marks_it_interrupted_and_the_rerun_resumes(tmp
     assert numbers(json.loads((cell / "summary.json").read_text())) == numbers(ref)
 
 
+@pytest.mark.slow  # CI runs it (make test-slow); the default suite stays short
 def test_a_stopped_joblib_sweep_starts_no_queued_cell(tmp_path):
     """A local joblib sweep stopped with SIGTERM to its process group (what Ctrl-C or `kill -- -PGID`
     reach): the worker saves its cell and starts none of the cells already queued to it, and no
