@@ -232,6 +232,45 @@ def test_sigterm_to_one_joblib_worker_stops_its_cell_and_lets_the_other_finish(t
     wait_group_gone(proc.pid)
 
 
+@pytest.mark.slow  # CI runs it (make test-slow); the default suite stays short
+def test_kill_of_a_tune_saves_its_trials_and_the_rerun_ends_as_a_tune_never_stopped(tmp_path):
+    """``experiment=tune`` runs its trials through the same joblib pool: ``kill <tune pid>`` makes each
+    running trial save its round, the tune exits 143 with one line and writes no results (it was
+    killed outright, its workers left training); the same command resumes, and the study ends with
+    the values, the chosen trial and the runs of a tune never stopped."""
+    pytest.importorskip("hydra_plugins.hydra_joblib_launcher")
+    pytest.importorskip("optuna")
+
+    def tune(root: Path) -> list[str]:
+        return fedlnl_run("-m", "experiment=tune", "tune.trials=2", "fl.rounds=60", f"tune.root={root}", *TINY)
+
+    study = tmp_path / "r" / "quickstart-tiny" / "fedavg"
+    trials = lambda: sorted(p.parent for p in study.glob("*/timing.jsonl"))  # noqa: E731
+    proc = start(tune(tmp_path / "r"), tmp_path, group=True)
+    wait_for(lambda: len(trials()) == 2 and all(rounds_logged(t) >= 2 for t in trials()), proc,
+             "both trials' second round")
+    os.kill(proc.pid, signal.SIGTERM)
+    out = proc.communicate(timeout=300)[0]
+    assert proc.returncode == 143, out[-3000:]
+    assert stop_line(out) == ("fedlnl-run: stopped by SIGTERM: tune fedavg: 2 trial(s) saved their round (status "
+                              "interrupted), 0 of 2 trials complete; run the same command again to resume (complete "
+                              "trials are read, not trained again)")
+    assert "Traceback" not in out
+    assert [summary_of(t)["status"] for t in trials()] == ["interrupted"] * 2
+    assert not (study / "optimization_results.yaml").exists()
+    wait_group_gone(proc.pid)
+
+    for root in ("r", "ref"):  # the resume, then the same tune never stopped
+        done = subprocess.run(tune(tmp_path / root), cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=900)
+        assert done.returncode == 0, done.stderr[-3000:]
+    ref = tmp_path / "ref" / "quickstart-tiny" / "fedavg"
+    results = [(d / "optimization_results.yaml").read_text().replace(f"tune.root={tmp_path / r}", "")
+               for d, r in ((study, "r"), (ref, "ref"))]
+    assert results[0] == results[1]
+    for t in trials():
+        assert (t / "metrics.jsonl").read_bytes() == (ref / t.name / "metrics.jsonl").read_bytes()
+
+
 @pytest.mark.parametrize("launcher", ["basic", "joblib"])
 def test_a_cell_locked_by_a_live_process_gets_nothing_written(tmp_path, launcher):
     """Hydra writes a cell's .hydra/ and log before the task runs: a cell another live process holds

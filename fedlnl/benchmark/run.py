@@ -129,7 +129,7 @@ def _hydra_main(cfg: DictConfig) -> float | None:
               "this run did nothing", file=sys.stderr)
         sys.exit(1)
     if in_tune(hc):  # the value Optuna maximises: noisy validation, never a test figure
-        return tuning.objective(summary)
+        return None if summary.get("status") == "interrupted" else tuning.objective(summary)
     return summary.get("best_acc")
 
 

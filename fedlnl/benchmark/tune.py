@@ -11,7 +11,9 @@ same way before it trains (a trial refused by a relation between values is told 
 failed, never trained). Trials run through the configured launcher, ``hydra.launcher.n_jobs`` at a
 time (the batch Optuna asks for at once), in ``<tune.dir>/<method>/<trial overrides>``; a trial
 already complete is read, not trained again (``skip_complete``), so a stopped tune re-run with the
-same seed replays its trials and goes on. The study writes ``<tune.dir>/<method>/optimization_results.yaml``:
+same seed replays its trials and goes on; a stop signal (Ctrl-C, ``kill``) reaches the trials as in a
+local sweep (``sweeper.local_launch``): each saves its round, the tune exits with one line and writes
+nothing, and the re-run resumes the stopped trials. The study writes ``<tune.dir>/<method>/optimization_results.yaml``:
 Hydra's keys (name, best_params, best_value) and ours (objective, method, trials, setting, space,
 history).
 """
@@ -19,6 +21,8 @@ from __future__ import annotations
 
 import logging
 import os
+import re
+import signal
 import sys
 from pathlib import Path
 
@@ -29,10 +33,10 @@ from hydra.utils import instantiate  # noqa: E402
 from hydra_plugins.hydra_optuna_sweeper._impl import OptunaSweeperImpl
 from omegaconf import OmegaConf, open_dict
 
-from fedlnl.benchmark import plan, tuning
-from fedlnl.benchmark.rundir import check_writable
+from fedlnl.benchmark import plan, preflight, stop, tuning
+from fedlnl.benchmark.rundir import check_writable, read_summary
 from fedlnl.benchmark.setting import setting_of
-from fedlnl.benchmark.sweeper import ValidatingSweeper
+from fedlnl.benchmark.sweeper import ValidatingSweeper, local_launch
 from fedlnl.benchmark.validate import ConfigError
 
 log = logging.getLogger("fedlnl")
@@ -150,31 +154,79 @@ class TuningSweeperImpl(OptunaSweeperImpl):
         OmegaConf.save(self.config, study_dir / "multirun.yaml")
         print(f"[fedlnl] tuning {label}: {trials} trials of {', '.join(f'{d.key} {d.describe()}' for d in dims)}; "
               f"maximising {tuning.OBJECTIVE} -> {study_dir}", file=sys.stderr)
-        history, left, batch = [], trials, max(1, int(self.n_jobs))
-        while left > 0:
-            asked = [study.ask() for _ in range(min(batch, left))]
-            jobs = [(t, overrides + [f"{d.key}={tuning.override_value(d.suggest(t))}" for d in dims]
-                     + [self.dir_override(study_dir)]) for t in asked]
-            cells = self.checker.check_cells([list(o) for _, o in jobs])
-            runnable = []
-            for (trial, job), cell in zip(jobs, cells):
-                if cell.problem:  # a relation between the drawn values: never trained
-                    log.warning("tune %s: trial %d refused: %s", label, trial.number, cell.problem)
-                    print(f"fedlnl-run: warning: tune {label}: trial {trial.number} not run: {cell.problem}",
-                          file=sys.stderr)
-                    study.tell(trial, state=optuna.trial.TrialState.FAIL)
-                    history.append(self.entry(trial, None, "refused", None))
-                else:
-                    runnable.append((trial, job, cell))
-            if runnable:
-                returns = self.launcher.launch([tuple(j) for _, j, _ in runnable], initial_job_idx=self.job_idx)
-                self.job_idx += len(returns)
-                for (trial, _job, cell), ret in zip(runnable, returns):
-                    value = float(ret.return_value)  # re-raises the trial's exception: the sweep stops
-                    study.tell(trial, value)
-                    history.append(self.entry(trial, value, "complete", cell.run_dir))
-            left -= len(asked)
+        history, left, batch, untold = [], trials, max(1, int(self.n_jobs)), []
+        with local_launch(self.launcher) as local:  # stop signals: each trial saves its round (stop.py)
+            while left > 0 and not untold and not (local and stop.received is not None):
+                size = min(batch, left)
+                untold = self.run_batch(study, label, overrides, dims, study_dir, history, size, local)
+                left -= size
+        if untold or (local and stop.received is not None):
+            self.report_stop(label, untold, trials, history)
         self.write(study, label, dims, study_dir, setting, trials, history, overrides)
+
+    def run_batch(self, study, label: str, overrides: list[str], dims: list, study_dir: Path, history: list,
+                  size: int, local: bool) -> list:
+        """Ask ``size`` trials, check and run them, tell Optuna each value. Returns the cells of the
+        trials that ended without a value (stopped by a signal, or not started): told nothing, so
+        that the same command, re-run, asks the same trials again and resumes them."""
+        asked = [study.ask() for _ in range(size)]
+        jobs = [(t, overrides + [f"{d.key}={tuning.override_value(d.suggest(t))}" for d in dims]
+                 + [self.dir_override(study_dir)]) for t in asked]
+        cells = self.checker.check_cells([list(o) for _, o in jobs])
+        runnable = []
+        for (trial, job), cell in zip(jobs, cells):
+            if cell.problem:  # a relation between the drawn values: never trained
+                log.warning("tune %s: trial %d refused: %s", label, trial.number, cell.problem)
+                print(f"fedlnl-run: warning: tune {label}: trial {trial.number} not run: {cell.problem}",
+                      file=sys.stderr)
+                study.tell(trial, state=optuna.trial.TrialState.FAIL)
+                history.append(self.entry(trial, None, "refused", None))
+            else:
+                runnable.append((trial, job, cell))
+        untold = []
+        if runnable:
+            try:
+                returns = self.launcher.launch([tuple(j) for _, j, _ in runnable], initial_job_idx=self.job_idx)
+            except (Exception, SystemExit) as err:  # a worker the stop signal ended before its trial
+                if not local or stop.received is None:
+                    raise
+                print(f"fedlnl-run: warning: {type(err).__name__}: {preflight.first_line(err)[:300]}",
+                      file=sys.stderr)
+                return [cell for _, _, cell in runnable]
+            self.job_idx += len(returns)
+            for (trial, _job, cell), ret in zip(runnable, returns):
+                value = ret.return_value  # re-raises the trial's exception: the sweep stops
+                if not isinstance(value, float):  # stopped (None) or not started (why, a str)
+                    untold.append(cell)
+                    continue
+                study.tell(trial, value)
+                history.append(self.entry(trial, value, "complete", cell.run_dir))
+        return untold
+
+    @staticmethod
+    def report_stop(label: str, untold: list, trials: int, history: list) -> None:
+        """A tune a stop signal reached (its process or a trial's): one line naming what was saved, and
+        exit with 128 + the signal; a trial passed over for another reason (another process trains
+        it): one error line, exit 1. Nothing is written for the study: re-running resumes it."""
+        saved, signals = 0, set()
+        for cell in untold:
+            summary = read_summary(cell.run_dir) or {}
+            found = re.match(r"stopped by (SIG\w+)", str(summary.get("error") or ""))
+            if summary.get("status") == "interrupted" and found and hasattr(signal, found.group(1)):
+                saved += 1
+                signals.add(getattr(signal, found.group(1)))
+        signum = stop.received if stop.received is not None else min(signals, default=None)
+        complete = sum(1 for h in history if h["state"] == "complete")
+        if signum is None:
+            names = ", ".join(cell.run_dir.name for cell in untold)
+            print(f"fedlnl-run: error: tune {label}: trial(s) {names} did not run (another process trains them); "
+                  f"{complete} of {trials} trials complete: run the same command again once they are done",
+                  file=sys.stderr, flush=True)
+            sys.exit(1)
+        print(f"fedlnl-run: stopped by {stop.name_of(signum)}: tune {label}: {saved} trial(s) saved their round "
+              f"(status interrupted), {complete} of {trials} trials complete; run the same command again to resume "
+              f"(complete trials are read, not trained again)", file=sys.stderr, flush=True)
+        sys.exit(128 + int(signum))
 
     @staticmethod
     def entry(trial, value, state: str, run_dir) -> dict:
