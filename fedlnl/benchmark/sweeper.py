@@ -383,6 +383,14 @@ def guarded_run_job(**kwargs):
     return ret
 
 
+def stopped_by(summary: dict | None) -> int | None:
+    """The signal an interrupted run's summary names (``error``: "stopped by SIGTERM after round …"), else None."""
+    if not summary or summary.get("status") != "interrupted":
+        return None
+    found = re.match(r"stopped by (SIG\w+)", str(summary.get("error") or ""))
+    return getattr(signal, found.group(1)) if found and hasattr(signal, found.group(1)) else None
+
+
 def report_stop(cells: list[Cell], results: list, began: float) -> None:
     """After a local launch: when a stop signal reached the sweep or one of its cells, one line
     naming what was saved and what is left, and exit with 128 + the signal. ``results``: the
@@ -395,9 +403,8 @@ def report_stop(cells: list[Cell], results: list, began: float) -> None:
             continue
         if (c.run_dir / "summary.json").stat().st_mtime < began - 1:  # left by an earlier sweep
             continue
-        found = re.match(r"stopped by (SIG\w+)", str(summary.get("error") or ""))
-        if found and hasattr(signal, found.group(1)):
-            signals.add(getattr(signal, found.group(1)))
+        if (signum := stopped_by(summary)) is not None:
+            signals.add(signum)
             saved.append(c)
     signum = stop.received if stop.received is not None else min(signals, default=None)
     if signum is None:

@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
-import signal
 import sys
 from pathlib import Path
 
@@ -36,7 +34,7 @@ from omegaconf import OmegaConf, open_dict
 from fedlnl.benchmark import plan, preflight, stop, tuning
 from fedlnl.benchmark.rundir import check_writable, read_summary
 from fedlnl.benchmark.setting import setting_of
-from fedlnl.benchmark.sweeper import ValidatingSweeper, local_launch
+from fedlnl.benchmark.sweeper import ValidatingSweeper, local_launch, stopped_by
 from fedlnl.benchmark.validate import ConfigError
 
 log = logging.getLogger("fedlnl")
@@ -208,14 +206,8 @@ class TuningSweeperImpl(OptunaSweeperImpl):
         """A tune a stop signal reached (its process or a trial's): one line naming what was saved, and
         exit with 128 + the signal; a trial passed over for another reason (another process trains
         it): one error line, exit 1. Nothing is written for the study: re-running resumes it."""
-        saved, signals = 0, set()
-        for cell in untold:
-            summary = read_summary(cell.run_dir) or {}
-            found = re.match(r"stopped by (SIG\w+)", str(summary.get("error") or ""))
-            if summary.get("status") == "interrupted" and found and hasattr(signal, found.group(1)):
-                saved += 1
-                signals.add(getattr(signal, found.group(1)))
-        signum = stop.received if stop.received is not None else min(signals, default=None)
+        signals = [s for s in (stopped_by(read_summary(cell.run_dir)) for cell in untold) if s is not None]
+        saved, signum = len(signals), stop.received if stop.received is not None else min(signals, default=None)
         complete = sum(1 for h in history if h["state"] == "complete")
         if signum is None:
             names = ", ".join(cell.run_dir.name for cell in untold)
