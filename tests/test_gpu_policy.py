@@ -91,6 +91,16 @@ def test_a_cpu_run_does_not_import_the_compiler_to_set_a_flag_already_off():
     assert out.split() == ["False", "False"]
 
 
+def test_threads_0_is_the_processs_default_whatever_cell_ran_before(monkeypatch):
+    """A joblib worker runs many cells: a threads=0 cell after a threads=2 one runs with the process's
+    own count, not the 2 left behind (its numbers must not depend on the cells before it)."""
+    monkeypatch.setattr(device, "cores", lambda: 2)
+    device.place(compose_cfg(["device=cpu", "threads=2", "logger=none"]))
+    assert torch.get_num_threads() == 2
+    device.place(compose_cfg(["device=cpu", "threads=0", "logger=none"]))
+    assert torch.get_num_threads() == device.DEFAULT_THREADS == 1  # conftest's count, set before fedlnl's import
+
+
 def test_cuda_index_beyond_the_visible_devices_is_refused(fake_cuda):
     with pytest.raises(ConfigError, match=r"device='cuda:2' is invalid: 2 CUDA device\(s\) visible, allowed cuda:0 to cuda:1"):
         device.resolve_device("cuda:2")

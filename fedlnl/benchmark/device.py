@@ -44,11 +44,17 @@ CUBLAS_WORKSPACE = ":4096:8"
 COMPARED = ("device_kind", "determinism")
 
 
+#: torch's thread count when this process imported fedlnl: what ``threads=0`` runs with, also after a
+#: cell with another count ran in the same process (a joblib worker runs many cells)
+DEFAULT_THREADS = torch.get_num_threads()
+
+
 def place(cfg) -> torch.device:
     """Apply the run's ``threads`` and ``determinism`` to torch and return its device (``device``)."""
     threads = int(cfg.get("threads") or 0)
-    if threads > 0:
-        torch.set_num_threads(usable_threads(threads))
+    wanted = usable_threads(threads) if threads > 0 else DEFAULT_THREADS
+    if torch.get_num_threads() != wanted:
+        torch.set_num_threads(wanted)
     mode = str(cfg.get("determinism", "strict"))
     if mode == "strict":  # before resolve_device: set_device initialises CUDA
         set_cublas_workspace()
