@@ -16,16 +16,6 @@ from fedlnl.conf import resolvers  # noqa: F401  (registers ${fidelity:...})
 torch.set_num_threads(1)
 os.environ.setdefault("OMP_NUM_THREADS", "1")  # and in the subprocesses the CLI tests start
 
-
-@pytest.fixture(autouse=True)
-def _one_torch_thread():
-    """A run in this process with ``threads=2`` leaves torch at 2 threads (the runner applies the key
-    and restores nothing); on 2 cores beside the other xdist worker every later in-process run of this
-    worker would then oversubscribe the cores (a full suite measured 112 s for a 3 s prefix test)."""
-    yield
-    if torch.get_num_threads() != 1:
-        torch.set_num_threads(1)
-
 REPO = Path(__file__).resolve().parents[1]
 CONF = REPO / "fedlnl" / "conf"
 SHARED = Path(os.environ.get("FEDLNL_SHARED", REPO.parent / "shared"))
