@@ -172,8 +172,13 @@ FROM_FL = {"warmup_local_epochs": "local_epochs", "warmup_lr": "lr", "warmup_mom
 
 
 #: centralised JointOpt's lr_low / lr_high became one pin of fl.lr (the low group's) and the high
-#: group's factor, so that a tuned lr reaches both noise groups (issue 32; the values are Table 8's)
-JOINTOPT_CENTRAL_LR = {"lr_low": lambda m: m.fl.lr, "lr_high": lambda m: m.fl.lr * m.params.lr_high_factor}
+#: group's factor, β_low / β_high one β (the high group's) and the low group's factor, and the second
+#: step's lr a factor of fl.lr, so that tuned values reach both noise groups and both steps (issue 32;
+#: the values are Table 8's and the reference code's)
+JOINTOPT_CENTRAL_LR = {"lr_low": lambda m: m.fl.lr, "lr_high": lambda m: m.fl.lr * m.params.lr_high_factor,
+                       "beta_high": lambda m: m.params.beta,
+                       "beta_low": lambda m: m.params.beta * m.params.beta_low_factor,
+                       "second_lr": lambda m: m.fl.lr * m.params.second_lr_factor}
 
 
 #: fl keys added after the fixture, at their defaults in every preset: the local optimiser choice
@@ -225,7 +230,7 @@ def _expected_new(cell: str, old_key: str, old_value, cfg, built, resolved):
     if old_key.startswith("eta_by_partition."):  # now `eta: ${case:${partition.kind},...}` (compared as eta)
         return None
     if method == "jointopt_central" and key in JOINTOPT_CENTRAL_LR:  # issue 32: one pinned lr for both groups
-        return JOINTOPT_CENTRAL_LR[key](obj), f"{key} from fl.lr × lr_high_factor"
+        return JOINTOPT_CENTRAL_LR[key](obj), f"{key} from one key × a group's or step's factor"
     if (method, key) in RENAMED and not path:
         return node[RENAMED[method, key]], f"method.{RENAMED[method, key]}"
     if key in FROM_FL:
