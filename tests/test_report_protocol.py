@@ -310,6 +310,39 @@ def test_clean_control_marks_the_tables_and_writes_the_notes(tmp_path: Path):
     assert "Clean-data control (ρ = τ = 0): no method degrades clean data" in md and "‡" not in md
 
 
+def test_a_round_in_an_earlier_stage_is_named_in_the_notes(selected_sweep: Path):
+    """fedcorr's runs at (0.6,0.5) name their stages: seed 0's selected round (7) lies in its warm-up
+    (rounds 1-7), seed 1's in its training (warm-up rounds 1-4); fedavg's name none. One note line, for
+    that cell only; best_acc's round is the last (write_run's accuracies rise): no line under it."""
+    for seed, first in ((0, 8), (1, 5)):
+        path = selected_sweep / "fedcorr_0.6_0.5" / str(seed) / "metrics.jsonl"
+        rows = [json.loads(line) for line in path.read_text().splitlines()]
+        path.write_text("".join(json.dumps({**r, "stage": "warmup" if r["round"] < first else "training"}) + "\n"
+                                for r in rows))
+    assert report.main([str(selected_sweep), "--figures", "none"]) == 0
+    notes = (selected_sweep / "report" / "notes.md").read_text()
+    assert ("## 1 cell(s) report selected_acc at a round before the method's last training stage (the figure is "
+            "that earlier stage's model, e.g. a warm-up that trains as FedAvg): fedcorr / (0.6,0.5): 1 of 2 run(s) "
+            "at a round of its 'warmup' stage, before its last ('training')") in notes
+    assert report.main([str(selected_sweep), "--figures", "none", "--metric", "best_acc", "--out",
+                        str(selected_sweep / "best")]) == 0
+    assert "training stage" not in (selected_sweep / "best" / "notes.md").read_text()
+
+
+def test_stages_of_a_run_closed_form(tmp_path: Path):
+    from fedlnl.benchmark.report.loading import stages_of
+
+    rows = [{"round": 1, "acc": 0.5, "stage": "warmup"}, {"round": 2, "acc": 0.7, "stage": "warmup"},
+            {"round": 3, "loss": 1.0, "stage": "training"},  # not an evaluation
+            {"round": 4, "acc": 0.7, "stage": "training"}, {"round": 5, "acc": 0.6, "stage": "training"}]
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    # the best accuracy's first round (2, as best_acc), the selected round's, the last evaluation's
+    assert stages_of(path, 4) == {"stage_last": "training", "stage_best": "warmup", "stage_selected": "training"}
+    path.write_text("".join(json.dumps({k: v for k, v in r.items() if k != "stage"}) + "\n" for r in rows))
+    assert stages_of(path, 4) == {}  # a method that names no stages
+
+
 # ---------------------------------------------------------------- no walls (issue 35)
 
 

@@ -325,8 +325,8 @@ main()
 """
 
 
-def tune_result(root) -> dict:
-    path = Path(root) / "quickstart-tiny" / "fedavg" / tuning.RESULTS
+def tune_result(root, method: str = "fedavg") -> dict:
+    path = Path(root) / "quickstart-tiny" / method / tuning.RESULTS
     return OmegaConf.to_container(OmegaConf.load(path))
 
 
@@ -344,6 +344,30 @@ def test_a_tiny_tune_writes_its_results_with_the_validation_objective(tmp_path):
         summary = json.loads((tmp_path / "r" / "quickstart-tiny" / "fedavg" / h["dir"] / "summary.json").read_text())
         assert h["value"] == summary["selected_val_acc"]
         assert summary["config"]["fl"]["lr"] == h["params"]["fl.lr"]
+        assert "stage_last" not in h  # FedAvg names no stages
+    assert "selected_before_last_stage" not in res
+
+
+@needs_validation
+def test_a_tune_of_a_staged_method_records_where_each_trial_selected(tmp_path):
+    """Centralised JointOpt names its two steps ('training', 'retraining'): each trial records the
+    stage of its selected round and of its last evaluation, read here from its own metrics.jsonl,
+    and the study counts the trials that selected a round before the last stage (and says so)."""
+    cmd = [a if a != "method=fedavg" else "method=jointopt_central" for a in tune_cmd(tmp_path / "r")]
+    proc = cli(*cmd, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    res = tune_result(tmp_path / "r", "jointopt_central")
+    early = 0
+    for h in res["history"]:
+        run = tmp_path / "r" / "quickstart-tiny" / "jointopt_central" / h["dir"]
+        rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+        selected = json.loads((run / "summary.json").read_text())["selected_round"]
+        assert h["stage_last"] == rows[-1]["stage"] == "retraining"
+        assert h["stage_selected"] == next(r["stage"] for r in rows if r["round"] == selected)
+        early += h["stage_selected"] != "retraining"
+    assert res["selected_before_last_stage"] == early
+    assert (f"{early} of 2 trials selected a round of the 'training' stage, before the last ('retraining')"
+            in proc.stderr) == (early > 0)
 
 
 @needs_validation

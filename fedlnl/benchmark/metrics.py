@@ -44,3 +44,16 @@ def cost_to_target(rows: list[dict], targets: list[float], key: str = "acc") -> 
         hit = next((r["comm_cost"] for r in rows if r.get(key) is not None and r[key] >= zeta), None)
         out[str(float(zeta))] = hit
     return out
+
+
+def round_stages(rows: list[dict], selected_round=None) -> dict:
+    """The training stage (the rows' ``stage``, where the method names one) of the last evaluation,
+    of the best accuracy's round (the first, as ``best_acc``) and of ``selected_round``:
+    ``stage_last``, ``stage_best``, ``stage_selected``; {} when the rows name no stage. A figure read
+    at a round before the last stage is an earlier stage's model (``report.stages``)."""
+    evals = [r for r in rows if r.get("acc") is not None]
+    if not evals or "stage" not in evals[-1]:
+        return {}
+    at = {r["round"]: r.get("stage") for r in evals}
+    return {"stage_last": evals[-1]["stage"], "stage_best": max(evals, key=lambda r: r["acc"]).get("stage"),
+            "stage_selected": at.get(selected_round)}

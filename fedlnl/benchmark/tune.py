@@ -19,6 +19,7 @@ history).
 """
 from __future__ import annotations
 
+import json
 import logging
 import os
 import sys
@@ -31,7 +32,7 @@ from hydra.utils import instantiate  # noqa: E402
 from hydra_plugins.hydra_optuna_sweeper._impl import OptunaSweeperImpl
 from omegaconf import OmegaConf, open_dict
 
-from fedlnl.benchmark import plan, preflight, stop, tuning
+from fedlnl.benchmark import metrics, plan, preflight, stop, tuning
 from fedlnl.benchmark.rundir import check_writable, read_summary
 from fedlnl.benchmark.setting import setting_of
 from fedlnl.benchmark.sweeper import ValidatingSweeper, local_launch, stopped_by
@@ -222,8 +223,22 @@ class TuningSweeperImpl(OptunaSweeperImpl):
 
     @staticmethod
     def entry(trial, value, state: str, run_dir) -> dict:
-        return {"number": trial.number, "params": dict(trial.params), "value": value, "state": state,
-                "dir": run_dir.name if run_dir is not None else None}
+        """A trial of the history; a complete one of a method that names its stages also records the
+        stage of its selected round and of its last evaluation (``metrics.round_stages``)."""
+        out = {"number": trial.number, "params": dict(trial.params), "value": value, "state": state,
+               "dir": run_dir.name if run_dir is not None else None}
+        if state == "complete" and (run_dir / "metrics.jsonl").is_file():
+            rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+            stages = metrics.round_stages(rows, (read_summary(run_dir) or {}).get("selected_round"))
+            out.update({k: stages[k] for k in ("stage_selected", "stage_last") if k in stages})
+        return out
+
+    @staticmethod
+    def early(history: list) -> tuple[list, list]:
+        """(the complete trials that name stages, those whose selected round lies before the last
+        stage: the values read only in later stages did not reach the objective in them)."""
+        staged = [h for h in history if "stage_last" in h]
+        return staged, [h for h in staged if h["stage_selected"] != h["stage_last"]]
 
     def write(self, study, label, dims, study_dir: Path, setting: dict, trials: int, history: list,
               overrides: list[str]) -> None:
@@ -242,6 +257,9 @@ class TuningSweeperImpl(OptunaSweeperImpl):
             "space": {d.key: {"range": d.describe(), "default": d.default, "source": d.space.source} for d in dims},
             "history": history,
         }
+        staged, early = self.early(history)
+        if staged:
+            results["selected_before_last_stage"] = len(early)
         path = study_dir / tuning.RESULTS
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         OmegaConf.save(OmegaConf.create(results), tmp)
@@ -249,3 +267,8 @@ class TuningSweeperImpl(OptunaSweeperImpl):
         print(f"[fedlnl] tuned {label}: best {tuning.OBJECTIVE} {best.value:.4f} at "
               f"{', '.join(f'{k}={tuning.override_value(v)}' for k, v in best.params.items())} -> {path}",
               file=sys.stderr)
+        if early:
+            where = ", ".join(f"'{s}'" for s in dict.fromkeys(str(h["stage_selected"]) for h in early))
+            print(f"[fedlnl] tune {label}: {len(early)} of {len(staged)} trials selected a round of the {where} "
+                  f"stage, before the last ('{staged[0]['stage_last']}'): values read only in later stages did "
+                  f"not reach {tuning.OBJECTIVE} in those trials", file=sys.stderr)

@@ -33,6 +33,7 @@ from fedlnl.benchmark.report.tables import (CLEAN_MARK, accuracy_grid, accuracy_
                                             detection_table, effective_diffs, effective_warnings, incomplete_runs,
                                             missing_seeds, noise_markdown, noise_table, score_grid, stats_caption,
                                             sweep_cpu_hours, to_latex, to_markdown, with_family)
+from fedlnl.benchmark.report.stages import early_lines
 from fedlnl.benchmark.report.tuning import tuned_section
 
 log = logging.getLogger(__name__)
@@ -113,7 +114,8 @@ def write_report(frame: pd.DataFrame, out: Path, rows: str = "method", by: Seque
         rep.caption += " " + reference_note(reference) + paper_protocol(metric)
     rep.statistics = table_statistics(frame, tables[0], rows, by, metric.main, test_, reference is not None)
     rep.missing = missing_summary(full, rows, by) if not full_grid else []
-    rep.notes = notes(full, frame, rows, by, metric, full_grid, rep.families, control_lines(checks))
+    rep.notes = notes(full, frame, rows, by, metric, full_grid, rep.families, control_lines(checks),
+                      early_lines(frame, rows, by, metric))
     _write_tables(rep, frame, out, rows, by, ratio_to, reference)
     _write_statistics(rep, out, rows, draw=figures != "none")
     if figures != "none":
@@ -317,9 +319,11 @@ def stats_markdown(rep: Report, rows: str) -> str:
 
 
 def notes(full: pd.DataFrame, frame: pd.DataFrame, rows: str, by: Sequence[str], metric: Metric,
-          full_grid: bool, families: dict | None = None, degraded: Sequence[str] = ()) -> list[Note]:
+          full_grid: bool, families: dict | None = None, degraded: Sequence[str] = (),
+          early: Sequence[str] = ()) -> list[Note]:
     """One :class:`Note` per kind: how the default metric was chosen, clean cells that fail the
-    clean-data control (``degraded``), incomplete runs, cells with missing seeds, config keys that
+    clean-data control (``degraded``), cells reported at a round before the method's last stage
+    (``early``), incomplete runs, cells with missing seeds, config keys that
     had to split cells, different local-training values, runs without the metric, rows without a
     method family, reference-only code defaults, reference cells without runs (with --full-grid;
     else the per-method summary), the per-client table's absence."""
@@ -333,6 +337,10 @@ def notes(full: pd.DataFrame, frame: pd.DataFrame, rows: str, by: Sequence[str],
                                            f"they trail {BASELINE} by more than the papers' gap + {MARGIN:g} "
                                            f"points, or their last-10 falls more than {MARGIN:g} points below their "
                                            f"best): {_some(list(degraded))}", list(degraded)))
+    if early:
+        found.append(Note("stage", f"{len(early)} cell(s) report {metric.main} at a round before the method's last "
+                                   f"training stage (the figure is that earlier stage's model, e.g. a warm-up that "
+                                   f"trains as FedAvg): {_some(list(early))}", list(early)))
     incomplete = incomplete_runs(frame, rows)
     if incomplete:
         found.append(Note("incomplete", f"{len(incomplete)} incomplete run(s), not averaged (failed, diverged, "
