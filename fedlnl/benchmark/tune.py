@@ -223,13 +223,14 @@ class TuningSweeperImpl(OptunaSweeperImpl):
 
     @staticmethod
     def entry(trial, value, state: str, run_dir) -> dict:
-        """A trial of the history; a complete one of a method that names its stages also records the
-        stage of its selected round and of its last evaluation (``metrics.round_stages``)."""
+        """A trial of the history; one whose run completed (not diverged) and names its stages also
+        records the stage of its selected round and of its last evaluation (``metrics.round_stages``)."""
         out = {"number": trial.number, "params": dict(trial.params), "value": value, "state": state,
                "dir": run_dir.name if run_dir is not None else None}
-        if state == "complete" and (run_dir / "metrics.jsonl").is_file():
+        summary = read_summary(run_dir) if state == "complete" else None
+        if summary and summary.get("status") == "complete" and (run_dir / "metrics.jsonl").is_file():
             rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
-            stages = metrics.round_stages(rows, (read_summary(run_dir) or {}).get("selected_round"))
+            stages = metrics.round_stages(rows, summary.get("selected_round"))
             out.update({k: stages[k] for k in ("stage_selected", "stage_last") if k in stages})
         return out
 
