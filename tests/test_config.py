@@ -175,7 +175,7 @@ FROM_FL = {"warmup_local_epochs": "local_epochs", "warmup_lr": "lr", "warmup_mom
 #: group's factor, β_low / β_high one β (the high group's) and the low group's factor, and the second
 #: step's lr a factor of fl.lr, so that tuned values reach both noise groups and both steps (issue 32;
 #: the values are Table 8's and the reference code's)
-JOINTOPT_CENTRAL_LR = {"lr_low": lambda m: m.fl.lr, "lr_high": lambda m: m.fl.lr * m.params.lr_high_factor,
+JOINTOPT_CENTRAL_TIED = {"lr_low": lambda m: m.fl.lr, "lr_high": lambda m: m.fl.lr * m.params.lr_high_factor,
                        "beta_high": lambda m: m.params.beta,
                        "beta_low": lambda m: m.params.beta * m.params.beta_low_factor,
                        "second_lr": lambda m: m.fl.lr * m.params.second_lr_factor}
@@ -229,8 +229,8 @@ def _expected_new(cell: str, old_key: str, old_value, cfg, built, resolved):
         return None if path else (cfg.fl.rounds, "fl.rounds")
     if old_key.startswith("eta_by_partition."):  # now `eta: ${case:${partition.kind},...}` (compared as eta)
         return None
-    if method == "jointopt_central" and key in JOINTOPT_CENTRAL_LR:  # issue 32: one pinned lr for both groups
-        return JOINTOPT_CENTRAL_LR[key](obj), f"{key} from one key × a group's or step's factor"
+    if method == "jointopt_central" and key in JOINTOPT_CENTRAL_TIED:  # issue 32: one pinned lr for both groups
+        return JOINTOPT_CENTRAL_TIED[key](obj), f"{key} from one key × a group's or step's factor"
     if (method, key) in RENAMED and not path:
         return node[RENAMED[method, key]], f"method.{RENAMED[method, key]}"
     if key in FROM_FL:

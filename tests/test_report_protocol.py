@@ -330,7 +330,7 @@ def test_a_round_in_an_earlier_stage_is_named_in_the_notes(selected_sweep: Path)
 
 
 def test_stages_of_a_run_closed_form(tmp_path: Path):
-    from fedlnl.benchmark.report.loading import stages_of
+    from fedlnl.benchmark.selection import stages_of
 
     rows = [{"round": 1, "acc": 0.5, "stage": "warmup"}, {"round": 2, "acc": 0.7, "stage": "warmup"},
             {"round": 3, "loss": 1.0, "stage": "training"},  # not an evaluation
@@ -338,9 +338,9 @@ def test_stages_of_a_run_closed_form(tmp_path: Path):
     path = tmp_path / "metrics.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     # the best accuracy's first round (2, as best_acc), the selected round's, the last evaluation's
-    assert stages_of(path, 4) == {"stage_last": "training", "stage_best": "warmup", "stage_selected": "training"}
+    assert stages_of(tmp_path, 4) == {"stage_last": "training", "stage_best": "warmup", "stage_selected": "training"}
     path.write_text("".join(json.dumps({k: v for k, v in r.items() if k != "stage"}) + "\n" for r in rows))
-    assert stages_of(path, 4) == {}  # a method that names no stages
+    assert stages_of(tmp_path, 4) == {}  # a method that names no stages
 
 
 # ---------------------------------------------------------------- no walls (issue 35)

@@ -7,9 +7,14 @@ the global model on the full clean test set; total communication cost counts cli
 """
 from __future__ import annotations
 
+import json
+import logging
 import math
+from pathlib import Path
 
 import numpy as np
+
+log = logging.getLogger(__name__)
 
 
 #: the accuracy curves of a run's rows: test accuracy, and balanced accuracy (mean per-class recall)
@@ -46,14 +51,12 @@ def cost_to_target(rows: list[dict], targets: list[float], key: str = "acc") -> 
     return out
 
 
-def round_stages(rows: list[dict], selected_round=None) -> dict:
-    """The training stage (the rows' ``stage``, where the method names one) of the last evaluation,
-    of the best accuracy's round (the first, as ``best_acc``) and of ``selected_round``:
-    ``stage_last``, ``stage_best``, ``stage_selected``; {} when the rows name no stage. A figure read
-    at a round before the last stage is an earlier stage's model (``report.stages``)."""
-    evals = [r for r in rows if r.get("acc") is not None]
-    if not evals or "stage" not in evals[-1]:
-        return {}
-    at = {r["round"]: r.get("stage") for r in evals}
-    return {"stage_last": evals[-1]["stage"], "stage_best": max(evals, key=lambda r: r["acc"]).get("stage"),
-            "stage_selected": at.get(selected_round)}
+def read_rows(path: str | Path) -> list[dict]:
+    """The rows of a metrics.jsonl (unparsable lines, e.g. a half-written last line, are skipped)."""
+    rows = []
+    for line in Path(path).read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except ValueError:
+            log.warning("skipping a bad line of %s", path)
+    return rows

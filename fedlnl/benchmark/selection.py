@@ -16,9 +16,11 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
+from fedlnl.benchmark.metrics import read_rows
 from fedlnl.conf.checks import flag, integer, key, number, rule
 
 #: the config path of the settings, in error messages
@@ -70,6 +72,25 @@ def best_row(rows: list[dict], key: str) -> dict | None:
         if better(row, key, None if best is None else best[key]):
             best = row
     return best
+
+
+def round_stages(rows: list[dict], selected_round=None) -> dict:
+    """The training stage (the rows' ``stage``, where the method names one) of the last evaluation,
+    of the best accuracy's round (``best_row``, as ``best_acc``) and of ``selected_round``:
+    ``stage_last``, ``stage_best``, ``stage_selected``; {} when the rows name no stage. A figure read
+    at a round before the last stage is an earlier stage's model (``report.stages``)."""
+    evals = [r for r in rows if r.get("acc") is not None]
+    if not evals or "stage" not in evals[-1]:
+        return {}
+    at = {r["round"]: r.get("stage") for r in evals}
+    return {"stage_last": evals[-1]["stage"], "stage_best": (best_row(evals, "acc") or {}).get("stage"),
+            "stage_selected": at.get(selected_round)}
+
+
+def stages_of(run_dir: str | Path, selected_round) -> dict:
+    """``round_stages`` of the run's metrics.jsonl ({} without the file)."""
+    path = Path(run_dir) / "metrics.jsonl"
+    return round_stages(read_rows(path), selected_round) if path.is_file() else {}
 
 
 def selection_summary(rows: list[dict], validated: bool) -> dict:

@@ -19,7 +19,6 @@ history).
 """
 from __future__ import annotations
 
-import json
 import logging
 import os
 import sys
@@ -32,8 +31,9 @@ from hydra.utils import instantiate  # noqa: E402
 from hydra_plugins.hydra_optuna_sweeper._impl import OptunaSweeperImpl
 from omegaconf import OmegaConf, open_dict
 
-from fedlnl.benchmark import metrics, plan, preflight, stop, tuning
+from fedlnl.benchmark import plan, preflight, stop, tuning
 from fedlnl.benchmark.rundir import check_writable, read_summary
+from fedlnl.benchmark.selection import stages_of
 from fedlnl.benchmark.setting import setting_of
 from fedlnl.benchmark.sweeper import ValidatingSweeper, local_launch, stopped_by
 from fedlnl.benchmark.validate import ConfigError
@@ -224,13 +224,12 @@ class TuningSweeperImpl(OptunaSweeperImpl):
     @staticmethod
     def entry(trial, value, state: str, run_dir) -> dict:
         """A trial of the history; one whose run completed (not diverged) and names its stages also
-        records the stage of its selected round and of its last evaluation (``metrics.round_stages``)."""
+        records the stage of its selected round and of its last evaluation (``selection.stages_of``)."""
         out = {"number": trial.number, "params": dict(trial.params), "value": value, "state": state,
                "dir": run_dir.name if run_dir is not None else None}
         summary = read_summary(run_dir) if state == "complete" else None
-        if summary and summary.get("status") == "complete" and (run_dir / "metrics.jsonl").is_file():
-            rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
-            stages = metrics.round_stages(rows, summary.get("selected_round"))
+        if summary and summary.get("status") == "complete":
+            stages = stages_of(run_dir, summary.get("selected_round"))
             out.update({k: stages[k] for k in ("stage_selected", "stage_last") if k in stages})
         return out
 

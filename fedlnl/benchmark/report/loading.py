@@ -9,7 +9,8 @@ import pandas as pd
 from omegaconf import OmegaConf
 
 from fedlnl.benchmark import integrity
-from fedlnl.benchmark.metrics import round_stages, summary_metrics
+from fedlnl.benchmark.metrics import read_rows, summary_metrics
+from fedlnl.benchmark.selection import stages_of
 from fedlnl.benchmark.setting import setting_of
 
 from fedlnl.conf import resolvers  # noqa: F401 (${fidelity:...} in Hydra configs)
@@ -87,13 +88,8 @@ def _run_record(run_dir: Path) -> dict:
     if isinstance(config, dict) and {"dataset", "partition", "noise"} <= config.keys():
         record["setting"] = setting_of(config)  # today's setting keys, whichever version wrote the run
     if record["status"] == "complete":
-        record.update(stages_of(run_dir / "metrics.jsonl", record.get("selected_round")))
+        record.update(stages_of(run_dir, record.get("selected_round")))
     return {**record, "path": str(run_dir)}
-
-
-def stages_of(path: Path, selected_round) -> dict:
-    """``metrics.round_stages`` of a run's metrics.jsonl ({} without the file)."""
-    return round_stages(_json_lines(path), selected_round) if path.exists() else {}
 
 
 def _stub_record(run_dir: Path, status: str) -> dict:
@@ -162,16 +158,6 @@ def _flatten(record: dict, prefix: str = "") -> dict:
 
 def read_metrics(path: str | Path) -> pd.DataFrame | None:
     """metrics.jsonl as a frame (unparsable lines, e.g. a half-written last line, are skipped)."""
-    rows = _json_lines(path)
+    rows = read_rows(path)
     return pd.DataFrame(rows) if rows else None
-
-
-def _json_lines(path: str | Path) -> list[dict]:
-    rows = []
-    for line in Path(path).read_text().splitlines():
-        try:
-            rows.append(json.loads(line))
-        except ValueError:
-            log.warning("skipping a bad line of %s", path)
-    return rows
 

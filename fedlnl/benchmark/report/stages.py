@@ -6,7 +6,7 @@ retraining; FedCorr's three stages). When the round a metric chooses (``selected
 validation; ``best_acc``: best test accuracy) lies in an earlier stage, the figure is that stage's
 model, not what the method ends with, and the values read only in later stages never reached it
 (nor a tuning objective built on it). The report names such cells in its notes; the loader records
-the stages (``loading.stages_of``).
+the stages (``selection.stages_of``).
 """
 from __future__ import annotations
 
