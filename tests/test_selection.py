@@ -35,15 +35,75 @@ ROWS = [
 def test_selection_rule_takes_the_earliest_best_validation_row_and_skips_diverged_ones():
     from fedlnl.benchmark.selection import Reported, best_row, selection_summary
 
-    assert selection_summary(ROWS, True) == {"selected_acc": 0.40, "selected_round": 3, "selected_val_acc": 0.60}
-    assert selection_summary(ROWS, False) == dict.fromkeys(("selected_acc", "selected_round", "selected_val_acc"))
-    assert selection_summary(ROWS[1:2], True)["selected_round"] is None  # only a diverged row
+    for stage in ("last", "any"):  # rows that name no stage: one rule
+        assert selection_summary(ROWS, True, stage) == {"selected_acc": 0.40, "selected_round": 3, "selected_val_acc": 0.60}
+        assert selection_summary(ROWS, False, stage) == dict.fromkeys(("selected_acc", "selected_round", "selected_val_acc"))
+        assert selection_summary(ROWS[1:2], True, stage)["selected_round"] is None  # only a diverged row
     assert best_row(ROWS, "acc")["round"] == 5
     for key, want in (("val_acc", 3), ("acc", 5)):  # the running state agrees with the rule on the rows
         rep = Reported(key)
         for row in ROWS:
             rep.offer(row, [row["round"] / 10])
         assert (rep.round, rep.acc) == (want, [want / 10])
+
+
+#: a two-stage run: the warm-up's round 2 has the best validation accuracy; round 5 diverged in the
+#: training stage, round 6 did not (so the last stage is 'training'); a row without acc is no evaluation
+STAGED = [
+    {"round": 1, "acc": 0.30, "val_acc": 0.20, "stage": "warmup"},
+    {"round": 2, "acc": 0.50, "val_acc": 0.70, "stage": "warmup"},
+    {"round": 3, "acc": 0.45, "val_acc": 0.40, "stage": "training"},
+    {"round": 4, "acc": 0.60, "val_acc": 0.55, "stage": "training"},
+    {"round": 5, "acc": None, "val_acc": 0.90, "stage": "training"},
+    {"round": 6, "acc": 0.58, "val_acc": 0.55, "stage": "training"},  # ties round 4: the earlier stays
+]
+
+
+def test_the_last_stage_rule_chooses_among_the_last_stages_evaluations_only():
+    from fedlnl.benchmark.selection import Reported, choosable, final_stage, selection_summary
+
+    assert final_stage(STAGED) == "training" and final_stage(STAGED[:2]) == "warmup" and final_stage(ROWS) is None
+    assert final_stage(STAGED[:5]) == "training"  # round 5 diverged: round 4's stage
+    assert [r["round"] for r in choosable(STAGED, "last")] == [3, 4, 5, 6]
+    assert choosable(STAGED, "any") == STAGED and choosable(ROWS, "last") == ROWS
+    assert selection_summary(STAGED, True, "any") == {"selected_acc": 0.50, "selected_round": 2, "selected_val_acc": 0.70}
+    assert selection_summary(STAGED, True, "last") == {"selected_acc": 0.60, "selected_round": 4, "selected_val_acc": 0.55}
+    assert selection_summary(STAGED[:2], True, "last")["selected_round"] == 2  # stopped in the warm-up: its rows
+    for last_stage, want in ((False, 2), (True, 4)):  # the running state agrees with the rule on the rows
+        rep = Reported("val_acc", last_stage=last_stage)
+        for row in STAGED:
+            rep.offer(row, [row["round"] / 10])
+        assert (rep.round, rep.acc) == (want, [want / 10])
+
+
+def test_the_last_stage_state_survives_a_resume_in_every_round():
+    from fedlnl.benchmark.selection import Reported
+
+    for cut in range(len(STAGED) + 1):
+        first = Reported("val_acc", last_stage=True)
+        for row in STAGED[:cut]:
+            first.offer(row, [row["round"] / 10])
+        resumed = Reported("val_acc", last_stage=True)
+        resumed.load(first.state())
+        for row in STAGED[cut:]:
+            resumed.offer(row, [row["round"] / 10])
+        assert (resumed.round, resumed.score, resumed.stage) == (4, 0.55, "training"), cut
+
+
+def test_a_staged_run_reports_its_last_stages_round_unless_told_any(tmp_path):
+    """Centralised JointOpt at debug=tiny: its best validation accuracy lies in the first step
+    ('training', round 3); under the default ``last`` the selection, the reported round of the client
+    figures and the summary all take the second step's ('retraining', round 4). Training is the same."""
+    last = run_tiny(tmp_path / "last", NOISY, "jointopt_central")
+    anyr = run_tiny(tmp_path / "any", [*NOISY, "selection.stage=any"], "jointopt_central")
+    rows = rows_of(tmp_path / "last")
+    assert rows == rows_of(tmp_path / "any")
+    stage = {r["round"]: r["stage"] for r in rows if r.get("acc") is not None}
+    assert stage[anyr["selected_round"]] == "training" and stage[last["selected_round"]] == "retraining"
+    for s in (last, anyr):
+        row = next(r for r in rows if r["round"] == s["selected_round"])
+        assert (s["selected_acc"], s["selected_val_acc"], s["reported_round"]) == (row["acc"], row["val_acc"], row["round"])
+    assert (last["selection"]["stage"], anyr["selection"]["stage"]) == ("last", "any")
 
 
 def test_client_statistics_in_closed_form():
@@ -235,6 +295,7 @@ def test_a_checkpoint_without_the_client_state_reports_no_client_figures(tmp_pat
 @pytest.mark.parametrize("override, allowed", [
     ("selection.val_share=1", "a share in [0, 1)"), ("selection.val_share=-0.1", "a share in [0, 1)"),
     ("selection.client_test_size=0", "an integer >= 1"), ("selection.client_every_eval=1", "true or false"),
+    ("selection.stage=1", "last, any"),
 ])
 def test_bad_selection_values_are_one_line_errors(override, allowed):
     from fedlnl.benchmark import preflight
@@ -243,6 +304,15 @@ def test_bad_selection_values_are_one_line_errors(override, allowed):
     with pytest.raises(ConfigError) as err:
         preflight.check_cell(compose_cfg(["debug=tiny", override]), {})
     assert str(err.value).startswith(f"{override} is invalid: allowed {allowed}") and "\n" not in str(err.value)
+
+
+def test_an_unknown_stage_rule_is_a_one_line_error():
+    from fedlnl.benchmark import preflight
+    from fedlnl.benchmark.validate import ConfigError
+
+    with pytest.raises(ConfigError) as err:
+        preflight.check_cell(compose_cfg(["debug=tiny", "selection.stage=first"]), {})
+    assert str(err.value) == "selection.stage='first' is invalid: allowed last, any"
 
 
 def _hash(overrides, drop=False):
@@ -262,6 +332,23 @@ def test_the_papers_protocol_keeps_the_config_hash_of_before_the_selection_node(
         assert _hash([*preset, other]) != _hash(preset), other
     plain = ["method=fedavg"]  # the suite's default selects on validation: a configuration of its own
     assert compose_cfg(plain).selection.val_share == 0.1 and _hash(plain) != _hash(plain, drop=True)
+
+
+def _hash_without_stage(overrides):
+    from fedlnl.benchmark.rundir import config_hash
+
+    resolved = OmegaConf.to_container(compose_cfg(overrides), resolve=True)
+    del resolved["selection"]["stage"]  # a config of before the key existed
+    return config_hash(resolved)
+
+
+def test_the_stage_rule_of_before_the_key_keeps_its_hash_and_is_inert_without_validation():
+    plain = ["method=feddiv", "noise.rho_tau=[0.6,0.5]"]
+    assert compose_cfg(plain).selection.stage == "last"  # the default: a configuration of its own
+    assert _hash([*plain, "selection.stage=any"]) == _hash_without_stage(plain) != _hash(plain)
+    preset = ["paper=feddiv_t1", "method=feddiv", "noise.rho_tau=[0.6,0.5]", "seed=0"]
+    assert compose_cfg(preset).selection.val_share == 0  # no validation set: the rule cannot act
+    assert _hash(preset) == _hash([*preset, "selection.stage=any"]) == _hash(preset, drop=True)
 
 
 def test_legacy_values_compare_nodes_key_by_key_and_booleans_by_identity():

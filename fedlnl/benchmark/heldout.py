@@ -31,7 +31,8 @@ class HeldOut:
                                      device=device)
         self.tests = torch.as_tensor(np.stack(fed.client_test), dtype=torch.long, device=device)
         self.noisy, self.noise_rate = fed.oracle.noisy_client, fed.oracle.realized_rate  # reporting only
-        self.reported = Reported("val_acc" if self.reporters else "acc")
+        self.reported = Reported("val_acc" if self.reporters else "acc",
+                                 last_stage=bool(self.reporters) and settings.stage == "last")
 
     @property
     def validated(self) -> bool:
@@ -49,15 +50,16 @@ class HeldOut:
                                        batch_size)
         return sum(correct) / sum(self.val_sizes)
 
-    def observe(self, row: dict, group_correct: list[int], val: float | None) -> dict:
+    def observe(self, row: dict, group_correct: list[int], val: float | None, stage=None) -> dict:
         """The row keys of this evaluation (``val_acc``; the client figures under ``client_every_eval``),
-        and the reported evaluation moved here if this one is better."""
+        and the reported evaluation moved here if this one is better (``stage``: the method's training
+        stage at this evaluation, None when it names none; ``selection.stage``)."""
         acc = [c / self.tests.shape[1] for c in group_correct]
         ok = row["acc"] is not None  # a diverged model: no figure of its own
         out = {} if val is None else {"val_acc": val if ok else None}
         if self.settings.client_every_eval:
             out.update(client_stats(acc if ok else None, self.noisy))
-        self.reported.offer({**row, **out}, acc)
+        self.reported.offer({**row, **out, "stage": stage}, acc)
         return out
 
     def summary(self) -> dict:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from fedlnl.benchmark import integrity
 from fedlnl.benchmark.lock import CellLock, LockError
-from fedlnl.conf.keys import LEGACY_NESTED, LEGACY_VALUES, NON_RESULT_KEYS
+from fedlnl.conf.keys import INERT_NESTED, LEGACY_NESTED, LEGACY_VALUES, NON_RESULT_KEYS
 from fedlnl.benchmark.validate import ConfigError
 
 #: statuses of a run whose directory belongs to its config: final ones, and interrupted (resumable)
@@ -25,12 +25,22 @@ KEPT = ("complete", "diverged", "interrupted")
 
 
 def config_hash(cfg: dict) -> str:
-    kept = {k: v for k, v in cfg.items()
-            if k not in NON_RESULT_KEYS and not (k in LEGACY_VALUES and is_legacy(v, LEGACY_VALUES[k]))}
-    for (node, key), legacy in LEGACY_NESTED.items():
-        if isinstance(kept.get(node), dict) and key in kept[node] and kept[node][key] == legacy:
-            kept[node] = {k: v for k, v in kept[node].items() if k != key}
+    kept = {k: v for k, v in cfg.items() if k not in NON_RESULT_KEYS}
+    for node, key in sorted({*LEGACY_NESTED, *INERT_NESTED}):  # before the nodes meet LEGACY_VALUES
+        sub = kept.get(node)
+        if isinstance(sub, dict) and key in sub and idle(node, key, sub):
+            kept[node] = {k: v for k, v in sub.items() if k != key}
+    kept = {k: v for k, v in kept.items() if not (k in LEGACY_VALUES and is_legacy(v, LEGACY_VALUES[k]))}
     return hashlib.blake2b(json.dumps(kept, sort_keys=True, default=str).encode(), digest_size=8).hexdigest()
+
+
+def idle(node: str, key: str, sub: dict) -> bool:
+    """Whether ``node.key`` cannot have made the numbers differ from a run made before it existed: its
+    legacy value (``LEGACY_NESTED``), or inert beside another key's value (``INERT_NESTED``)."""
+    if (node, key) in LEGACY_NESTED and sub[key] == LEGACY_NESTED[node, key]:
+        return True
+    other = INERT_NESTED.get((node, key))
+    return other is not None and sub.get(other[0]) == other[1]
 
 
 def is_legacy(value, legacy) -> bool:

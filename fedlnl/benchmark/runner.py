@@ -344,7 +344,7 @@ class Runner:
             "train_loss": float(np.mean(finite)) if finite and len(finite) == len(losses) else float("nan"),
             "time_s": time.time() - self.t0,
         }
-        row.update(self.heldout.observe(row, ev.group_correct, val))
+        row.update(self.heldout.observe(row, ev.group_correct, val, stage=agg.get("stage")))
         row.update({k: v for k, v in agg.items()})
         row.update(self.scorer.latest)
         self.rows.append(row)
@@ -380,7 +380,7 @@ class Runner:
             "family": self.method.family, "dataset": str(self.cfg.dataset.name),
             "model": model_name(self.cfg),
             "seed": int(self.cfg.seed), "variant": self.cfg.get("variant"), "preset": self.cfg.get("preset"),
-            **accuracy_summary(self.rows), **selection_summary(self.rows, self.heldout.validated),
+            **accuracy_summary(self.rows), **selection_summary(self.rows, self.heldout.validated, self.heldout.settings.stage),
             **self.heldout.summary(),
             "comm_cost": self.comm, "cost_to_target": cost_to_target(self.rows, list(self.cfg.targets)),
             "cost_to_target_balanced": cost_to_target(self.rows, list(self.cfg.targets), key="balanced_acc"),

@@ -3,7 +3,11 @@
 - Selection: each client holds out ``val_share`` of its noisy training samples (``datasets/federation.py``);
   at each evaluation every client with such a set reports its correct/total counts for the evaluated
   global model and the server forms ``val_acc``. ``selected_acc`` is the test accuracy at the
-  evaluation with the best ``val_acc`` (ties -> the earlier): no test label chooses the round.
+  evaluation with the best ``val_acc`` (ties -> the earlier): no test label chooses the round. For a
+  method that names its training stages (the rows' ``stage``), ``stage=last`` chooses among the
+  evaluations of its last stage only: the figure is the method's own model, not a warm-up's (which
+  trains as FedAvg), and a tune's objective sees the values read only in that stage. ``stage=any``
+  chooses among all evaluations (the rule before the key existed). A method without stages: all.
 - Per-client accuracy: client k's local test set is the global test set sampled to its training class
   proportions; its accuracy at the *reported* evaluation (the selected one, or the best-test one when
   there is no validation set) gives ``client_acc_mean``, ``client_acc_worst10`` and ``client_gap``
@@ -21,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from fedlnl.benchmark.metrics import read_rows
-from fedlnl.conf.checks import flag, integer, key, number, rule
+from fedlnl.conf.checks import choice, flag, integer, key, number, rule
 
 #: the config path of the settings, in error messages
 PREFIX = "selection."
@@ -29,6 +33,8 @@ PREFIX = "selection."
 WORST = 10
 #: bytes of one client's validation report at one evaluation: its correct and total counts, two int64
 REPORT_BYTES = 16
+#: the selection rules of ``selection.stage``; ``any`` reproduces the runs made before the key existed
+STAGE_RULES = ("last", "any")
 
 
 @dataclass(frozen=True)
@@ -42,6 +48,9 @@ class SelectionSettings:
                                    "training class proportions)", rule(integer, 1))
     client_every_eval: bool = key("also write client_acc_mean / client_acc_worst10 / client_gap into every "
                                      "metrics.jsonl row", rule(flag))
+    stage: str = key("which evaluations the validation chooses from: last = those of the method's last "
+                     "training stage (its own model; a method without stages: all), any = all (a warm-up's too)",
+                     rule(choice, STAGE_RULES, text=True))
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -51,8 +60,10 @@ class SelectionSettings:
     def of(cls, node) -> "SelectionSettings":
         """The settings of a config node (a mapping); the defaults where there is none."""
         if node is None:
-            return cls(0.0, 500, False)
-        return cls(**{f.name: node[f.name] for f in dataclasses.fields(cls)})
+            return cls(0.0, 500, False, "any")
+        # a config written before ``stage`` existed chose among all evaluations
+        return cls(**{f.name: node.get(f.name, "any") if f.name == "stage" else node[f.name]
+                      for f in dataclasses.fields(cls)})
 
 
 # ------------------------------------------------------------------------------ the selection rule
@@ -74,6 +85,21 @@ def best_row(rows: list[dict], key: str) -> dict | None:
     return best
 
 
+def final_stage(rows: list[dict]):
+    """The stage of the last evaluation that did not diverge (None: no such row, or no stages)."""
+    evals = [r for r in rows if r.get("acc") is not None]
+    return evals[-1].get("stage") if evals else None
+
+
+def choosable(rows: list[dict], stage: str) -> list[dict]:
+    """The rows ``selection.stage`` lets the validation choose from: ``any``: all; ``last``: those of
+    ``final_stage`` (all rows when the method names no stages: every row's stage is None)."""
+    if stage == "any":
+        return rows
+    last = final_stage(rows)
+    return [r for r in rows if r.get("stage") == last]
+
+
 def round_stages(rows: list[dict], selected_round=None) -> dict:
     """The training stage (the rows' ``stage``, where the method names one) of the last evaluation,
     of the best accuracy's round (``best_row``, as ``best_acc``) and of ``selected_round``:
@@ -83,7 +109,7 @@ def round_stages(rows: list[dict], selected_round=None) -> dict:
     if not evals or "stage" not in evals[-1]:
         return {}
     at = {r["round"]: r.get("stage") for r in evals}
-    return {"stage_last": evals[-1]["stage"], "stage_best": (best_row(evals, "acc") or {}).get("stage"),
+    return {"stage_last": final_stage(evals), "stage_best": (best_row(evals, "acc") or {}).get("stage"),
             "stage_selected": at.get(selected_round)}
 
 
@@ -93,10 +119,11 @@ def stages_of(run_dir: str | Path, selected_round) -> dict:
     return round_stages(read_rows(path), selected_round) if path.is_file() else {}
 
 
-def selection_summary(rows: list[dict], validated: bool) -> dict:
-    """``selected_acc``, ``selected_round``, ``selected_val_acc``: the row of the best ``val_acc``; all
-    None without a validation set (``validated`` False) or a selectable row."""
-    row = best_row(rows, "val_acc") if validated else None
+def selection_summary(rows: list[dict], validated: bool, stage: str) -> dict:
+    """``selected_acc``, ``selected_round``, ``selected_val_acc``: the row of the best ``val_acc``
+    among the ``choosable`` rows; all None without a validation set (``validated`` False) or a
+    selectable row."""
+    row = best_row(choosable(rows, stage), "val_acc") if validated else None
     if row is None:
         return {"selected_acc": None, "selected_round": None, "selected_val_acc": None}
     return {"selected_acc": row["acc"], "selected_round": row["round"], "selected_val_acc": row["val_acc"]}
@@ -118,27 +145,33 @@ def client_stats(acc, noisy) -> dict:
 
 class Reported:
     """The per-client accuracies of the reported evaluation, kept while the run goes: the row with the
-    best ``key`` so far under ``better`` (``val_acc`` with a validation set, else ``acc``)."""
+    best ``key`` so far under ``better`` (``val_acc`` with a validation set, else ``acc``); with
+    ``last_stage`` (``selection.stage=last`` and a validation set), the best since the stage of the
+    rows last changed, so that at the end it is ``selection_summary``'s row."""
 
-    def __init__(self, key: str):
-        self.key = key
+    def __init__(self, key: str, last_stage: bool = False):
+        self.key, self.last_stage = key, last_stage
         self.round: int | None = None
         self.score: float | None = None
         self.acc: list[float] | None = None
+        self.stage = None  # the stage of the last evaluation that did not diverge (``final_stage``)
         self.lost = False  # resumed from a checkpoint without this state: the figures are unknown
 
     def offer(self, row: dict, acc: list[float]) -> None:
+        if self.last_stage and row.get("acc") is not None and row.get("stage") != self.stage:
+            self.round, self.score, self.acc, self.stage = None, None, None, row.get("stage")
         if better(row, self.key, self.score):
             self.round, self.score, self.acc = row["round"], row[self.key], list(acc)
 
     def state(self) -> dict:
-        return {"key": self.key, "round": self.round, "score": self.score, "acc": self.acc}
+        return {"key": self.key, "round": self.round, "score": self.score, "acc": self.acc, "stage": self.stage}
 
     def load(self, state: dict | None) -> None:
         if state is None:
             self.lost = True
             return
         self.round, self.score, self.acc = state["round"], state["score"], state["acc"]
+        self.stage = state.get("stage")
 
     def summary(self, noise_rate, noisy) -> dict:
         """``reported_round``, the three client figures and ``clients`` (per client: accuracy, the

@@ -36,8 +36,12 @@ NON_RESULT_KEYS = ("logger", "name", "preset", "checkpoint_every", "checkpoint_m
 LEGACY_VALUES = {"compile": False, "federation": None,
                  "selection": {"val_share": 0, "client_test_size": 500, "client_every_eval": False}}
 #: the same for a key inside a node ({(node, key): value}): at that value the key is left out of the node
-#: in the config hash (noise=cifarn's annotator_weights, added with label_set=annotators)
-LEGACY_NESTED = {("noise", "annotator_weights"): None}
+#: in the config hash, before the node is compared with ``LEGACY_VALUES`` (noise=cifarn's
+#: annotator_weights, added with label_set=annotators; selection.stage, added with the rule ``last``)
+LEGACY_NESTED = {("noise", "annotator_weights"): None, ("selection", "stage"): "any"}
+#: keys inside a node that cannot act where another key of the node has a value ({(node, key): (other,
+#: value)}): left out of the node in the config hash there (``selection.stage`` without a validation set)
+INERT_NESTED = {("selection", "stage"): ("val_share", 0)}
 
 #: command-line overrides left out of a sweep cell's directory name (``${cell_dir_excluded:}``): the
 #: result-neutral keys and the logger's mode; the preset selectors (the sweep directory is named after
