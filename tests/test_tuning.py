@@ -359,6 +359,7 @@ def test_a_tune_of_a_staged_method_records_where_each_trial_selected(tmp_path, s
     proc = cli(*cmd, *([f"selection.stage={stage}"] if stage == "any" else []), cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     res = tune_result(tmp_path / "r", "jointopt_central")
+    assert res["setting"]["selection_stage"] == stage  # the rule the objective was measured under
     early = 0
     for h in res["history"]:
         run = tmp_path / "r" / "quickstart-tiny" / "jointopt_central" / h["dir"]

@@ -116,7 +116,8 @@ class TuningSweeperImpl(OptunaSweeperImpl):
             return f"tune [{' '.join(overrides)}]: {cell.problem}"
         return {"label": label, "overrides": overrides, "dims": dims, "study_dir": study_dir, "cell": cell,
                 "setting": {**setting_of(resolved), "name": resolved.get("name"), "seed": resolved.get("seed"),
-                            "rounds": resolved["fl"]["rounds"], "val_share": tuning.validation_share(cfg)},
+                            "rounds": resolved["fl"]["rounds"], "val_share": tuning.validation_share(cfg),
+                            "selection_stage": (resolved.get("selection") or {}).get("stage", "any")},
                 "trials": int(cfg.tune.trials), "sampler_cfg": cfg.hydra.sweeper.sampler}
 
     @staticmethod
