@@ -322,7 +322,8 @@ def test_a_round_in_an_earlier_stage_is_named_in_the_notes(selected_sweep: Path)
     assert report.main([str(selected_sweep), "--figures", "none"]) == 0
     notes = (selected_sweep / "report" / "notes.md").read_text()
     assert ("## 1 cell(s) report selected_acc at a round before the method's last training stage (the figure is "
-            "that earlier stage's model, e.g. a warm-up that trains as FedAvg): fedcorr / (0.6,0.5): 1 of 2 run(s) "
+            "that earlier stage's model, e.g. a warm-up that trains as FedAvg; runs made with selection.stage=any, the "
+            "rule before selection.stage=last): fedcorr / (0.6,0.5): 1 of 2 run(s) "
             "at a round of its 'warmup' stage, before its last ('training')") in notes
     assert report.main([str(selected_sweep), "--figures", "none", "--metric", "best_acc", "--out",
                         str(selected_sweep / "best")]) == 0

@@ -338,9 +338,11 @@ def notes(full: pd.DataFrame, frame: pd.DataFrame, rows: str, by: Sequence[str],
                                            f"points, or their last-10 falls more than {MARGIN:g} points below their "
                                            f"best): {_some(list(degraded))}", list(degraded)))
     if early:
+        rule = ("; runs made with selection.stage=any, the rule before selection.stage=last" if metric.main == SELECTED
+                else "")
         found.append(Note("stage", f"{len(early)} cell(s) report {metric.main} at a round before the method's last "
                                    f"training stage (the figure is that earlier stage's model, e.g. a warm-up that "
-                                   f"trains as FedAvg): {_some(list(early))}", list(early)))
+                                   f"trains as FedAvg{rule}): {_some(list(early))}", list(early)))
     incomplete = incomplete_runs(frame, rows)
     if incomplete:
         found.append(Note("incomplete", f"{len(incomplete)} incomplete run(s), not averaged (failed, diverged, "
