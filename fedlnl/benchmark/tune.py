@@ -33,7 +33,7 @@ from omegaconf import OmegaConf, open_dict
 
 from fedlnl.benchmark import plan, preflight, stop, tuning
 from fedlnl.benchmark.rundir import check_writable, read_summary
-from fedlnl.benchmark.selection import stages_of
+from fedlnl.benchmark.selection import SelectionSettings, stages_of
 from fedlnl.benchmark.setting import setting_of
 from fedlnl.benchmark.sweeper import ValidatingSweeper, local_launch, stopped_by
 from fedlnl.benchmark.validate import ConfigError
@@ -117,7 +117,7 @@ class TuningSweeperImpl(OptunaSweeperImpl):
         return {"label": label, "overrides": overrides, "dims": dims, "study_dir": study_dir, "cell": cell,
                 "setting": {**setting_of(resolved), "name": resolved.get("name"), "seed": resolved.get("seed"),
                             "rounds": resolved["fl"]["rounds"], "val_share": tuning.validation_share(cfg),
-                            "selection_stage": (resolved.get("selection") or {}).get("stage", "any")},
+                            "selection_stage": SelectionSettings.of(resolved.get("selection")).stage},
                 "trials": int(cfg.tune.trials), "sampler_cfg": cfg.hydra.sweeper.sampler}
 
     @staticmethod
