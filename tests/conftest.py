@@ -53,6 +53,19 @@ def method_names() -> list[str]:
     return sorted(p.stem for p in (CONF / "method").glob("*.yaml"))
 
 
+def experiment_spec(name: str):
+    """An experiment's YAML as written (not composed): its sweep grid and its top-level keys."""
+    from omegaconf import OmegaConf
+
+    return OmegaConf.load(CONF / "experiment" / f"{name}.yaml")
+
+
+def swept_methods(name: str) -> list[str]:
+    """The methods an experiment sweeps (``glob(*)`` = every method YAML)."""
+    spec = str(experiment_spec(name).hydra.sweeper.params.method)
+    return method_names() if spec == "glob(*)" else [m.strip() for m in spec.split(",")]
+
+
 def run_tiny(tmp_path: Path, overrides: list[str], method: str = "fedavg") -> dict:
     from fedlnl.benchmark.runner import run
 

@@ -9,21 +9,14 @@ import json
 import pytest
 from omegaconf import OmegaConf
 
-from conftest import CONF, compose_cfg, method_names, run_tiny
+from conftest import CONF, compose_cfg, experiment_spec, run_tiny, swept_methods
 from fedlnl.benchmark.plan import plan_config
 from fedlnl.methods.common.engine import cohort_size
 
 EXPERIMENTS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
 #: the comparisons (a grid of methods); the tunes (experiment=tune, tune_small) search one cell of a
 #: comparison's setting per method, their budget is tune.trials (tests/test_tuning.py)
-COMPARISONS = [n for n in EXPERIMENTS if OmegaConf.select(OmegaConf.load(CONF / "experiment" / f"{n}.yaml"),
-                                                           "hydra.sweeper.params.method") is not None]
-
-
-def swept_methods(name: str) -> list[str]:
-    """The methods an experiment sweeps (``glob(*)`` = every method YAML)."""
-    spec = str(OmegaConf.load(CONF / "experiment" / f"{name}.yaml").hydra.sweeper.params.method)
-    return method_names() if spec == "glob(*)" else [m.strip() for m in spec.split(",")]
+COMPARISONS = [n for n in EXPERIMENTS if OmegaConf.select(experiment_spec(n), "hydra.sweeper.params.method") is not None]
 
 
 @pytest.mark.parametrize("name", COMPARISONS)
@@ -72,13 +65,13 @@ def test_a_cell_of_each_experiment_runs_under_debug_tiny(tmp_path, name):
 
 
 @pytest.mark.parametrize("name", [n for n in EXPERIMENTS
-                                  if OmegaConf.load(CONF / "experiment" / f"{n}.yaml").get("preset")])
+                                  if experiment_spec(n).get("preset")])
 def test_an_experiment_preset_ships_reference_rows_of_its_own_cells(name):
     """The report finds the paper numbers of an experiment with a ``preset`` (packaged CSV), and every
     row names a swept method and a swept noise cell, so the ordering agreement compares like cells."""
     from fedlnl.benchmark.report.reference import packaged_reference, read_reference
 
-    spec = OmegaConf.load(CONF / "experiment" / f"{name}.yaml")
+    spec = experiment_spec(name)
     path = packaged_reference(spec.preset)
     assert path is not None, f"{name}: no fedlnl/benchmark/reference/{spec.preset}.csv"
     ref = read_reference(path)

@@ -11,11 +11,12 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from conftest import REPO, build_method, compose_cfg, method_names
+from conftest import CONF, REPO, build_method, compose_cfg, experiment_spec, method_names, swept_methods
 from fedlnl.benchmark import compose, tuning
 from fedlnl.benchmark.rundir import config_hash
 from fedlnl.benchmark.validate import ConfigError
 
+EXPERIMENTS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
 ENV = {**os.environ, "HYDRA_FULL_ERROR": "1", "PYTHONUNBUFFERED": "1"}
 CELLS = ("[0.6,0.5]", "[0.0,0.0]")  # the tuning cell and the quickstart's clean cell
 
@@ -193,20 +194,49 @@ def test_a_bare_name_is_a_committed_tuning_unless_a_path_of_that_name_exists(tmp
         tuning.results_file("other", "fedprox")
 
 
-def test_the_quickstart_applies_a_committed_tuning_of_every_method_at_one_budget():
-    """make run compares tuned methods (issue 33 item 3): each method's values were tuned in the
-    quickstart's own setting at its noisy cell, with the same number of trials for every method."""
-    cfg = compose_cfg(["experiment=quickstart", "method=fedavg"])
-    assert cfg.tuned == "quickstart" and "quickstart" in tuning.COMMITTED
-    trials = set()
-    for name in method_names():
-        path, _ = tuning.results_file("quickstart", name)
-        data = tuning.read_results(path, "quickstart", name)
+def committed_studies(where: str) -> dict[str, dict]:
+    """Every study of a committed tuning (fedlnl/tuned/<where>/<method>/), by method."""
+    out = {}
+    for d in sorted((tuning.TUNED_ROOT / where).iterdir()):
+        if d.is_dir():
+            path, _ = tuning.results_file(where, d.name)
+            out[d.name] = tuning.read_results(path, where, d.name)
+    return out
+
+
+#: the experiments that apply a committed tuning (``tuned: <name>`` in their YAML)
+TUNED_EXPERIMENTS = [n for n in EXPERIMENTS if experiment_spec(n).get("tuned")]
+
+
+@pytest.mark.parametrize("where", tuning.COMMITTED)
+def test_every_study_of_a_committed_tuning_was_made_at_one_budget(where):
+    """Equal budget (issue 33): a committed tuning's studies were all made in one setting (its name,
+    the noisy cell (0.6, 0.5), seed 0) with the same number of trials, every trial run, maximising
+    the validation objective; the staged methods that record their selection rule share one."""
+    studies = committed_studies(where)
+    assert studies, f"fedlnl/tuned/{where} holds no study"
+    for name, data in studies.items():
         setting = data["setting"]
-        assert (setting["name"], setting["rho"], setting["tau"], setting["seed"]) == ("quickstart", 0.6, 0.5, 0)
-        assert data["objective"] == tuning.OBJECTIVE and data["trials_complete"] == data["trials"]
-        trials.add(data["trials"])
-    assert len(trials) == 1
+        assert (setting["name"], setting["rho"], setting["tau"], setting["seed"]) == (where, 0.6, 0.5, 0), name
+        assert data["objective"] == tuning.OBJECTIVE and data["trials_complete"] == data["trials"], name
+    assert len({data["trials"] for data in studies.values()}) == 1
+    assert len({d["setting"]["selection_stage"] for d in studies.values() if "selection_stage" in d["setting"]}) <= 1
+
+
+@pytest.mark.parametrize("name", TUNED_EXPERIMENTS)
+def test_a_tuned_experiment_has_a_study_of_every_method_it_sweeps(name):
+    """``make run`` and the experiments that name a committed tuning compare tuned methods (issue 33
+    item 3): the tuning was made in the experiment's own setting and holds every swept method."""
+    cfg = compose_cfg([f"experiment={name}", "method=fedavg"])
+    assert cfg.tuned in tuning.COMMITTED and cfg.tuned == cfg.name
+    assert set(swept_methods(name)) <= set(committed_studies(cfg.tuned))
+
+
+def test_the_quickstart_is_tuned_and_the_tunes_search_from_the_yamls():
+    """A tune never starts from a committed tuning, whatever its setting applies (issue 33)."""
+    assert "quickstart" in TUNED_EXPERIMENTS
+    for tune in ("tune", "tune_small"):
+        assert compose_cfg([f"experiment={tune}", "method=fedavg"]).get("tuned") is None
 
 
 @pytest.mark.parametrize("case, message", [
