@@ -53,6 +53,10 @@ def method_names() -> list[str]:
     return sorted(p.stem for p in (CONF / "method").glob("*.yaml"))
 
 
+#: every experiment YAML (fedlnl/conf/experiment/)
+EXPERIMENTS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
+
+
 def experiment_spec(name: str):
     """An experiment's YAML as written (not composed): its sweep grid and its top-level keys."""
     from omegaconf import OmegaConf

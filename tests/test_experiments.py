@@ -9,11 +9,10 @@ import json
 import pytest
 from omegaconf import OmegaConf
 
-from conftest import CONF, compose_cfg, experiment_spec, run_tiny, swept_methods
+from conftest import EXPERIMENTS, compose_cfg, experiment_spec, run_tiny, swept_methods
 from fedlnl.benchmark.plan import plan_config
 from fedlnl.methods.common.engine import cohort_size
 
-EXPERIMENTS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
 #: the comparisons (a grid of methods); the tunes (experiment=tune, tune_small) search one cell of a
 #: comparison's setting per method, their budget is tune.trials (tests/test_tuning.py)
 COMPARISONS = [n for n in EXPERIMENTS if OmegaConf.select(experiment_spec(n), "hydra.sweeper.params.method") is not None]

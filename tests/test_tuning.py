@@ -11,12 +11,11 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from conftest import CONF, REPO, build_method, compose_cfg, experiment_spec, method_names, swept_methods
+from conftest import EXPERIMENTS, REPO, build_method, compose_cfg, experiment_spec, method_names, swept_methods
 from fedlnl.benchmark import compose, tuning
 from fedlnl.benchmark.rundir import config_hash
 from fedlnl.benchmark.validate import ConfigError
 
-EXPERIMENTS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
 ENV = {**os.environ, "HYDRA_FULL_ERROR": "1", "PYTHONUNBUFFERED": "1"}
 CELLS = ("[0.6,0.5]", "[0.0,0.0]")  # the tuning cell and the quickstart's clean cell
 
